@@ -1,0 +1,37 @@
+"""Names shared by every component, validated in one place.
+
+A region name is an IATA code plus a number (``sfo1``); the same string appears in DNS
+names, metric labels, logs, request ids and Kubernetes labels, so it must be safe in all
+of them. A project slug is one DNS label.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NewType
+
+RegionName = NewType("RegionName", str)
+ProjectSlug = NewType("ProjectSlug", str)
+
+REGION_PATTERN = re.compile(r"^[a-z]{3}[0-9]+$")
+# One DNS label (RFC 1035 §2.3.1 letters-digits-hyphen, lower case, at most 63 octets).
+SLUG_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+class NameError_(ValueError):
+    """A region name or slug that does not follow the naming rules."""
+
+
+def region_name(value: str) -> RegionName:
+    if not REGION_PATTERN.fullmatch(value):
+        raise NameError_(f"region name {value!r} must match {REGION_PATTERN.pattern} (e.g. sfo1)")
+    return RegionName(value)
+
+
+def project_slug(value: str) -> ProjectSlug:
+    if not SLUG_PATTERN.fullmatch(value):
+        raise NameError_(
+            f"project slug {value!r} must be one lower-case DNS label: letters, digits and '-', "
+            "not starting or ending with '-', at most 63 characters"
+        )
+    return ProjectSlug(value)

@@ -1,0 +1,48 @@
+"""Guarded background tasks: every eternal task is named, and an unexpected exit is logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+logger = logging.getLogger("region_agent.tasks")
+
+
+def create_guarded_task(
+    coro: Coroutine[Any, Any, Any], *, name: str, log: logging.Logger = logger
+) -> asyncio.Task[Any]:
+    """Start ``coro`` as a named task whose failure or unexpected return is logged.
+
+    The task is meant to run until cancelled; returning or raising is a bug worth a loud
+    log line, because nothing else would notice that, say, the DNS server stopped.
+    """
+
+    async def guard() -> Any:
+        try:
+            result = await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("task %s failed", name)
+            raise
+        log.warning("task %s exited unexpectedly", name)
+        return result
+
+    return asyncio.get_running_loop().create_task(guard(), name=name)
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task[Any]], *, budget: float = 5.0) -> None:
+    """Cancel tasks in reverse start order and wait for them up to ``budget`` seconds."""
+    for task in reversed(tasks):
+        task.cancel()
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=budget)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("task %s ended with %r", task.get_name(), task.exception())
+    if pending:
+        logger.error("%d task(s) did not stop within %.1f s: %s", len(pending), budget,
+                     ", ".join(t.get_name() for t in pending))
