@@ -1,0 +1,50 @@
+"""Shared test helpers: wait on a condition with a deadline, never on a fixed sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def wait_for(
+    condition: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = 5.0,
+    interval: float = 0.01,
+    message: str = "condition",
+) -> T:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds.
+
+    Returns the truthy value so a test can assert on what it waited for.
+    """
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        last = result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message}; last value {last!r}")
+        await asyncio.sleep(interval)
+
+
+def wait_for_sync(
+    condition: Callable[[], T], *, timeout: float = 5.0, interval: float = 0.01, message: str = "condition"
+) -> T:
+    """The same for code outside an event loop (subprocess tests)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message}; last value {result!r}")
+        time.sleep(interval)
