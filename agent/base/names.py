@@ -18,20 +18,23 @@ REGION_PATTERN = re.compile(r"^[a-z]{3}[0-9]+$")
 SLUG_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
 
-class NameError_(ValueError):
+class InvalidNameError(ValueError):
     """A region name or slug that does not follow the naming rules."""
 
 
 def region_name(value: str) -> RegionName:
     if not REGION_PATTERN.fullmatch(value):
-        raise NameError_(f"region name {value!r} must match {REGION_PATTERN.pattern} (e.g. sfo1)")
+        raise InvalidNameError(f"region name {value!r} must match {REGION_PATTERN.pattern} (e.g. sfo1)")
     return RegionName(value)
 
 
 def project_slug(value: str) -> ProjectSlug:
     if not SLUG_PATTERN.fullmatch(value):
-        raise NameError_(
+        raise InvalidNameError(
             f"project slug {value!r} must be one lower-case DNS label: letters, digits and '-', "
             "not starting or ending with '-', at most 63 characters"
         )
     return ProjectSlug(value)
+
+# Kept until agent/kube imports the new name.
+NameError_ = InvalidNameError

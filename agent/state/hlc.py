@@ -47,8 +47,7 @@ class HybridClock:
                 f"remote timestamp {physical_ms(remote)} ms is more than "
                 f"{MAX_FORWARD_DRIFT_MS} ms ahead of local wall clock"
             )
-        if remote > self._last:
-            self._last = remote
+        self._last = max(self._last, remote)
 
     @property
     def last(self) -> int:

@@ -1,0 +1,184 @@
+"""Standalone copy health: HTTP checks of every region's ingress, written into the store.
+
+One check loop per (address, URL) however many records use it, all started at boot (not
+on the first query, PowerDNS's cold-start flaw), each on its own cadence from
+:mod:`agent.checks.rule`. A copy (project, region) is healthy while any of the region's
+addresses is up; the addresses that are not up are listed in
+:attr:`CopyHealth.failed_addresses` so answers leave them out, as ifurlup does.
+
+``first_round`` is set once every target has a known state; until then the zone answers
+by the start-up rule and ``/readyz`` says not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agent.checks.probe import CheckTarget, new_session, probe
+from agent.checks.rule import CheckRule, TargetHealth, TargetState
+from agent.state.model import CopyHealth, Region, copy_key, region_key
+from agent.state.store import Snapshot, Store
+
+logger = logging.getLogger("region_agent.checks")
+
+@dataclass(frozen=True, slots=True)
+class CheckConfig:
+    port: int = 80
+    host: str = "health.invalid"
+    path: str = "/global-health/{slug}"
+    expect: str = "ok"
+    timeout: float = 2.0
+    rule: CheckRule = field(default_factory=CheckRule)
+    user_agent: str = "region-agent"
+
+    def host_header(self) -> str:
+        return self.host if self.port == 80 else f"{self.host}:{self.port}"
+
+
+CopyId = tuple[str, str]  # (slug, region)
+
+
+def plan_targets(snapshot: Snapshot, config: CheckConfig) -> dict[CheckTarget, set[CopyId]]:
+    """Every (address, URL) to check and the copies whose health it decides (pure)."""
+    plan: dict[CheckTarget, set[CopyId]] = {}
+    for slug, project in snapshot.projects.items():
+        path = config.path.format(slug=slug)
+        for region_name in project.regions:
+            region = snapshot.regions.get(region_name)
+            if region is None:
+                continue
+            for address in region.ipv4 + region.ipv6:
+                target = CheckTarget(address, config.port, config.host_header(), path)
+                plan.setdefault(target, set()).add((slug, region_name))
+    return plan
+
+
+def copy_health(addresses: tuple[str, ...], states: dict[str, TargetState]) -> CopyHealth | None:
+    """One copy's health from its addresses' check states; None while all are unknown."""
+    known = {a: s for a, s in states.items() if s.health is not TargetHealth.UNKNOWN}
+    if not known:
+        return None
+    up = [a for a in addresses if a in known and known[a].health is TargetHealth.UP]
+    failed = tuple(a for a in addresses if a not in up)
+    if up:
+        return CopyHealth(True, "ok", failed)
+    reason = "; ".join(f"{a}: {known[a].detail}" for a in addresses if a in known)
+    return CopyHealth(False, f"check failed: {reason}", failed)
+
+
+class CheckMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.healthy = Gauge("region_agent_check_healthy", "1 while the target is up, 0 while down",
+                             ["address", "url"], registry=registry)
+        self.results = Counter("region_agent_check_results", "Health check results", ["result"],
+                               registry=registry)
+        self.transitions = Counter("region_agent_check_transitions", "Targets changing state", ["to"],
+                                   registry=registry)
+        self.duration = Histogram("region_agent_check_duration_seconds", "Time one health check took",
+                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+                                  registry=registry)
+        self.targets = Gauge("region_agent_check_targets", "Targets being checked", registry=registry)
+        self.last_round = Gauge("region_agent_check_last_success_timestamp_seconds",
+                                "Wall time of the last check that got an answer", registry=registry)
+
+
+class Checker:
+    def __init__(self, store: Store, config: CheckConfig, registry: CollectorRegistry) -> None:
+        self.store = store
+        self.config = config
+        self.metrics = CheckMetrics(registry)
+        self.first_round = asyncio.Event()
+        self.states: dict[CheckTarget, TargetState] = {}
+        self._plan: dict[CheckTarget, set[CopyId]] = {}
+        self._tasks: dict[CheckTarget, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def run(self) -> None:
+        """Check until cancelled; targets follow the store (call :meth:`reconcile`)."""
+        self._session = new_session()
+        try:
+            self.reconcile(self.store.snapshot())
+            await asyncio.Event().wait()
+        finally:
+            tasks = list(self._tasks.values())
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._tasks.clear()
+            await self._session.close()
+
+    def reconcile(self, snapshot: Snapshot) -> None:
+        """Start loops for new targets and stop those no record uses any more."""
+        if self._session is None:
+            return
+        plan = plan_targets(snapshot, self.config)
+        for target in list(self._tasks):
+            if target not in plan:
+                self._tasks.pop(target).cancel()
+                self.states.pop(target, None)
+                self.metrics.healthy.remove(target.address, target.url)
+        for target in plan:
+            if target not in self._tasks:
+                self.states[target] = TargetState()
+                self._tasks[target] = asyncio.get_running_loop().create_task(
+                    self._loop(target), name=f"check {target.address} {target.url}")
+        self._plan = plan
+        self.metrics.targets.set(len(plan))
+        self._check_first_round()
+
+    async def _loop(self, target: CheckTarget) -> None:
+        assert self._session is not None
+        loop = asyncio.get_running_loop()
+        rule = self.config.rule
+        while True:
+            started = loop.time()
+            ok, detail = await probe(self._session, target, timeout=self.config.timeout,
+                                     expect=self.config.expect, user_agent=self.config.user_agent)
+            self.metrics.duration.observe(loop.time() - started)
+            self.metrics.results.labels("ok" if ok else "fail").inc()
+            if ok:
+                self.metrics.last_round.set(time.time())
+            state = self.states[target]
+            before = state.health
+            delay = state.observe(ok, detail, rule)
+            if state.health is not before:
+                self._on_transition(target, before, state)
+            # A regular check keeps its cadence from the start of the previous one.
+            wake = started + delay if delay == rule.interval else loop.time() + delay
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+
+    def _on_transition(self, target: CheckTarget, before: TargetHealth, state: TargetState) -> None:
+        self.metrics.transitions.labels(state.health.value).inc()
+        up = 1 if state.health is TargetHealth.UP else 0
+        self.metrics.healthy.labels(target.address, target.url).set(up)
+        log = logger.warning if state.health is TargetHealth.DOWN else logger.info
+        log("check %s %s: %s -> %s (%s)", target.address, target.url, before.value, state.health.value,
+            state.detail)
+        for slug, region in self._plan.get(target, ()):
+            self._publish(slug, region)
+        self._check_first_round()
+
+    def _publish(self, slug: str, region_name: str) -> None:
+        region = self.store.get(region_key(region_name))
+        addresses = region.ipv4 + region.ipv6 if isinstance(region, Region) else ()
+        states = {t.address: s for t, s in self.states.items()
+                  if (slug, region_name) in self._plan.get(t, ()) and t.address in addresses}
+        health = copy_health(addresses, states)
+        if health is not None:
+            self.store.put(copy_key(slug, region_name), health)
+
+    def _check_first_round(self) -> None:
+        if not self.first_round.is_set() and all(
+            s.health is not TargetHealth.UNKNOWN for s in self.states.values()
+        ):
+            self.first_round.set()
+            logger.info("first health-check round complete: %d targets", len(self.states))

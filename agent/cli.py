@@ -1,0 +1,170 @@
+"""``region-agent``: run the agent, its health sidecar, the demo, or inspect a running agent.
+
+Exit codes: 0 done, 1 runtime failure, 2 bad settings or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from agent.base.logs import setup_logging
+from agent.settings import AgentSettings, SettingsError, load_settings
+from agent.zonefile import ZoneFileError
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "agent.yaml"
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+
+        return int(uvloop.run(coro))
+    except ImportError:  # uvloop is optional off Linux/macOS
+        return asyncio.run(coro)
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> AgentSettings:
+    if getattr(args, "zone_file", None):
+        overrides["zone_file"] = Path(args.zone_file)
+    return load_settings(Path(args.config) if args.config else None, **overrides)
+
+
+async def _run_agent(settings: AgentSettings) -> int:
+    from agent.supervisor import Agent
+
+    await Agent(settings).run()
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    setup_logging(region=settings.region, level=settings.log_level)
+    return _run(_run_agent(settings))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from agent.demo import run_demo
+
+    if not args.config:
+        args.config = str(DEMO_CONFIG)
+    settings = _settings(args)
+    setup_logging(region=settings.region, level="error" if not args.verbose else "info")
+    rounds = args.rounds if args.rounds > 0 else sys.maxsize
+    try:
+        return _run(run_demo(settings, step_seconds=args.step, rounds=rounds))
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from health.sidecar import run_sidecar
+
+    settings = _settings(args)
+    setup_logging(region=settings.region, level=settings.log_level)
+    async def sidecar() -> int:
+        await run_sidecar(settings.health, region=settings.region)
+        return 0
+
+    return _run(sidecar())
+
+
+def cmd_zone(args: argparse.Namespace) -> int:
+    url = args.url.rstrip("/") + "/zone"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            data = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"region-agent zone: can not read {url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(format_zone(data))
+    return 0
+
+
+def format_zone(data: dict[str, Any]) -> str:
+    lines = [f"; zone {data.get('zone')}  serial {data.get('serial')}  ready {data.get('ready')}  "
+             f"digest {data.get('digest')}"]
+    for record in data.get("records", []):
+        if record.get("type") == "project":
+            lines.append(f"{record['name']}  {record['mode']}  primary={record.get('primary')}  "
+                         f"all_down={record['all_down']}  ttl={record['ttl']}")
+            for qtype, answer in sorted(record.get("answers", {}).items()):
+                if "addresses" in answer:
+                    shown = " ".join(answer["addresses"]) or "-"
+                    lines.append(f"    {qtype:<5} {answer['outcome']:<8} {shown}   ({answer['why']})")
+                else:
+                    lines.append(f"    {qtype:<5} proximity among {' '.join(answer['proximity'])}")
+            for target in record.get("targets", []):
+                failed = target.get("failed_addresses") or []
+                note = f"  failed: {' '.join(failed)}" if failed and target["health"] == "healthy" else ""
+                reason = f"  ({target['reason']})" if target.get("reason") not in ("", "ok") else ""
+                lines.append(f"    target {target['region']:<6} {' '.join(target['addresses']):<30} "
+                             f"{target['health']}{reason}{note}")
+        elif record.get("type") == "SOA":
+            lines.append(f"{record['name']}  SOA  serial={record['serial']} mname={record['mname']}")
+        else:
+            lines.append(f"{record['name']}  {record['type']}  {' '.join(record.get('addresses', []))}")
+    return "\n".join(lines)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if settings.zone_file is not None:
+        from agent.zonefile import read_zone_file
+
+        data = read_zone_file(settings.zone_file)
+        print(f"zone file {settings.zone_file}: {len(data.regions)} regions, {len(data.projects)} projects")
+    print(json.dumps(settings.model_dump(mode="json"), indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="region-agent", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", help="YAML settings file (also REGION_AGENT_CONFIG)")
+        p.add_argument("--zone-file", help="standalone mode: YAML file of regions and projects")
+        return p
+
+    run = with_config(sub.add_parser("run", help="run the agent"))
+    run.set_defaults(func=cmd_run)
+    demo = with_config(sub.add_parser("demo", help="run the agent on the demo zone with failing fake copies"))
+    demo.add_argument("--step", type=float, default=6.0, help="seconds between failure steps")
+    demo.add_argument("--rounds", type=int, default=0, help="times to play the script (0: until Ctrl-C)")
+    demo.add_argument("--verbose", action="store_true", help="show the agent's logs")
+    demo.set_defaults(func=cmd_demo)
+    health = with_config(sub.add_parser("health", help="run the health listener as a sidecar process"))
+    health.set_defaults(func=cmd_health)
+    zone = sub.add_parser("zone", help="print the zone a running agent answers, with each target's health")
+    zone.add_argument("--url", default="http://127.0.0.1:8086", help="the agent's health/metrics listener")
+    zone.add_argument("--json", action="store_true", help="raw JSON")
+    zone.set_defaults(func=cmd_zone)
+    check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))
+    check.set_defaults(func=cmd_check_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (SettingsError, ZoneFileError) as exc:
+        print(f"region-agent: {exc}", file=sys.stderr)
+        return 2
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The agent's settings: one validated model composed of each component's settings.
+
+Sources, strongest first: keyword arguments (the CLI), environment variables
+(``REGION_AGENT_<FIELD>``, nested groups with ``__`` as in ``REGION_AGENT_DNS__PORT=5353``),
+a YAML file (``--config`` or ``REGION_AGENT_CONFIG``), then the defaults. Anything invalid
+stops start-up with :class:`SettingsError`, whose message names every bad field.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent.base.names import region_name
+from agent.checks.settings import ChecksSettings
+from agent.kube.settings import KubeSettings
+from agent.usage.settings import UsageSettings
+from globaldns.settings import DnsSettings
+from health.settings import HealthSettings
+
+CONFIG_ENV = "REGION_AGENT_CONFIG"
+
+
+class SettingsError(ValueError):
+    """Settings that can not be used; the message is meant for the operator."""
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REGION_AGENT_", env_nested_delimiter="__", extra="forbid",
+                                      frozen=True)
+
+    region: str = Field(default="lcl1", description="This agent's region, IATA code + number (sfo1).")
+    node: str = Field(default_factory=socket.gethostname,
+                      description="Node (host) name; part of this agent's writer id and usage records.")
+    zone_file: Path | None = Field(
+        default=None,
+        description="Standalone mode: a YAML file with the regions and projects of the zone, re-read on "
+        "SIGHUP or when it changes. A bad file keeps the zone being served and is logged and counted.",
+    )
+    zone_file_poll_interval: float = Field(default=2.0, gt=0, description="Seconds between zone file checks.")
+    kubernetes: bool = Field(
+        default=False,
+        description="Watch this region's Knative Services (and CloudNativePG clusters) and serve "
+        "/global-health/<slug> from them.",
+    )
+    log_level: str = Field(default="info", description="debug, info, warning or error.")
+    shutdown_budget: float = Field(default=5.0, gt=0, description="Seconds allowed for a graceful stop.")
+    dns: DnsSettings = Field(default_factory=DnsSettings)
+    checks: ChecksSettings = Field(default_factory=ChecksSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    kube: KubeSettings = Field(default_factory=KubeSettings)
+    usage: UsageSettings = Field(default_factory=UsageSettings)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        return region_name(value)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be debug, info, warning or error")
+        return value.lower()
+
+    @property
+    def writer_id(self) -> str:
+        scope = "standalone" if self.zone_file is not None and not self.kubernetes else self.region
+        return f"{scope}/{self.node}"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _YamlSource(settings_cls)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """The YAML file named by ``REGION_AGENT_CONFIG`` (set by ``--config``)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get(CONFIG_ENV)
+        if not path:
+            return {}
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle)
+        except OSError as exc:
+            raise SettingsError(f"config file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"config file {path}: not valid YAML: {exc}") from exc
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise SettingsError(f"config file {path}: must be a mapping of settings")
+        base = Path(path).resolve().parent
+        if isinstance(data.get("zone_file"), str):
+            data["zone_file"] = str(base / data["zone_file"])  # relative to the config file
+        return data
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> AgentSettings:
+    """Build the settings or raise :class:`SettingsError` naming every bad field."""
+    if config is not None:
+        os.environ[CONFIG_ENV] = str(config)
+    try:
+        return AgentSettings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "settings"
+            lines.append(f"  {where}: {error['msg']}")
+        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None

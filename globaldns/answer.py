@@ -1,0 +1,165 @@
+"""The answer path: query → :class:`Reply` (pure lookup) → wire bytes.
+
+:func:`answer` is the whole decision and touches no socket; :func:`render` turns a reply
+into a response no larger than the transport allows (RFC 1035 §4.2.1, RFC 6891 §7,
+RFC 2181 §9: additional records are dropped first and silently, otherwise TC is set and
+the answer and authority sections are left out). :class:`Responder` adds the memo of
+rendered responses per table generation, so a repeated query costs a dict lookup and a
+two-byte ID patch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from dataclasses import dataclass
+
+from globaldns.metrics import DnsCounters
+from globaldns.tables import REFUSED_REPLY, Reply, ZoneHolder, ZoneTables
+from globaldns.wire import (
+    ANY,
+    AXFR,
+    BADVERS,
+    CLASS_IN,
+    IXFR,
+    MIN_UDP_PAYLOAD,
+    NOERROR,
+    NXDOMAIN,
+    SERVFAIL,
+    TC,
+    MessageError,
+    Query,
+    error_response,
+    header,
+    opt_record,
+    parse_query,
+    response_flags,
+)
+
+TCP_MAX = 65535
+BADVERS_REPLY = Reply(BADVERS, aa=False)
+SERVFAIL_REPLY = Reply(SERVFAIL, aa=False)
+ZONE_TRANSFERS = (AXFR, IXFR)
+
+
+def client_address(query: Query, source: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """Whom the answer is for: the EDNS Client Subnet if present, else the packet's source."""
+    if query.edns is not None and query.edns.client_subnet is not None:
+        return query.edns.client_subnet.ip  # None when the client asked that no address be used
+    if source is None:
+        return None
+    address = ipaddress.ip_address(source.partition("%")[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def answer(tables: ZoneTables, query: Query, source: str | None = None) -> Reply:
+    """Decide the reply to a parsed query from the compiled tables."""
+    if query.edns is not None and query.edns.version != 0:
+        return BADVERS_REPLY
+    if query.qclass != CLASS_IN:
+        return REFUSED_REPLY
+    qtype = query.qtype
+    node = tables.nodes.get(query.qname_lower)
+    if node is not None:
+        reply = node.replies.get(qtype)
+        if reply is not None:
+            return reply
+        chooser = node.dynamic.get(qtype)
+        if chooser is not None:
+            return chooser.reply(client_address(query, source))
+        if qtype == ANY:
+            return node.any_reply
+        if qtype in ZONE_TRANSFERS:
+            return REFUSED_REPLY
+        return node.nodata
+    apex_offset = tables.apex_offset(query.qname_lower)
+    if apex_offset is None or qtype in ZONE_TRANSFERS:
+        return REFUSED_REPLY
+    if query.qname_lower in tables.empty_nonterminals:
+        return tables.negative(NOERROR, apex_offset)
+    return tables.negative(NXDOMAIN, apex_offset)
+
+
+def max_response_size(query: Query, *, tcp: bool, our_payload: int) -> int:
+    if tcp:
+        return TCP_MAX
+    if query.edns is None:
+        return MIN_UDP_PAYLOAD
+    return max(MIN_UDP_PAYLOAD, min(query.edns.payload, our_payload))
+
+
+def render(query: Query, reply: Reply, *, max_size: int, our_payload: int) -> bytes:
+    opt = b""
+    edns = query.edns
+    if edns is not None:
+        options = b"" if edns.client_subnet is None else edns.client_subnet.option(reply.scope)
+        opt = opt_record(our_payload, extended_rcode=reply.rcode, do=edns.do, options=options)
+    question = query.question
+    answer_data, authority_data, additional_data = reply.answer.data, reply.authority.data, reply.additional.data
+    an, ns, ar = reply.answer.count, reply.authority.count, reply.additional.count
+    flags = response_flags(query.flags, rcode=reply.rcode, aa=reply.aa)
+    size = 12 + len(question) + len(answer_data) + len(authority_data) + len(additional_data) + len(opt)
+    if size > max_size:
+        additional_data, ar = b"", 0
+        if size - len(reply.additional.data) > max_size:
+            answer_data, authority_data, an, ns = b"", b"", 0, 0
+            flags |= TC
+    return (header(query.id, flags, 1, an, ns, ar + (1 if opt else 0)) + question + answer_data + authority_data
+            + additional_data + opt)
+
+
+@dataclass
+class ResponderLimits:
+    our_payload: int = 1232  # DNS Flag Day 2020; RFC 9715 says at most 1400
+    memo_entries: int = 20_000  # rendered responses kept per table generation
+
+
+class Responder:
+    """Wire in, wire out, for both transports; counts what it answers."""
+
+    def __init__(self, holder: ZoneHolder, counters: DnsCounters, limits: ResponderLimits | None = None) -> None:
+        self.holder = holder
+        self.counters = counters
+        self.limits = limits or ResponderLimits()
+
+    def respond(self, data: bytes, source: str | None, *, tcp: bool) -> bytes | None:
+        started = time.perf_counter()
+        tables = self.holder.tables
+        if tables is None:
+            return self._unready(data)
+        memo = tables.response_memo
+        key = data[2:] + (b"T" if tcp else b"U")
+        hit = memo.get(key)
+        if hit is not None:
+            body, qtype, rcode = hit
+            self.counters.record(qtype, rcode, time.perf_counter() - started)
+            return data[:2] + body
+        try:
+            query = parse_query(data)
+        except MessageError as error:
+            self.counters.malformed(error.reason)
+            out = error_response(error, our_payload=self.limits.our_payload)
+            if out is not None:
+                self.counters.record(-1, error.rcode or 0, time.perf_counter() - started)
+            return out
+        reply = answer(tables, query, source)
+        max_size = max_response_size(query, tcp=tcp, our_payload=self.limits.our_payload)
+        out = render(query, reply, max_size=max_size, our_payload=self.limits.our_payload)
+        if not reply.client_dependent:
+            if len(memo) >= self.limits.memo_entries:
+                memo.clear()  # cheaper than LRU bookkeeping on every hit; refills in one burst
+            memo[key] = (out[2:], query.qtype, reply.rcode)
+        self.counters.record(query.qtype, reply.rcode, time.perf_counter() - started)
+        return out
+
+    def _unready(self, data: bytes) -> bytes | None:
+        """Before the first zone is compiled every query gets SERVFAIL (never a guess)."""
+        try:
+            query = parse_query(data)
+        except MessageError as error:
+            return error_response(error, our_payload=self.limits.our_payload)
+        self.counters.record(query.qtype, SERVFAIL, 0.0)
+        max_size = max_response_size(query, tcp=False, our_payload=self.limits.our_payload)
+        return render(query, SERVFAIL_REPLY, max_size=max_size, our_payload=self.limits.our_payload)

@@ -1,0 +1,288 @@
+"""State snapshot → :class:`ZoneTables`: the whole zone, rendered ahead of the queries.
+
+The zone for apex Z holds:
+
+* Z: SOA (serial from the state, see :func:`zone_serial`) and NS ``ns-<region>.Z`` for
+  every region with a name-server address, with glue A/AAAA in the additional section;
+* ``ns-<region>.Z``: the glue addresses;
+* ``<slug>.Z``: each project's A/AAAA, TTL ``record_ttl`` (30 s), chosen by
+  :mod:`globaldns.selection` (``ha``) or per client (``proximity``).
+
+Every name is compiled for A, AAAA, NS, SOA, ANY and NODATA, so a query costs a dict
+lookup; only proximity answers are chosen per query, by the :class:`Locator`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agent.state.hlc import physical_ms
+from agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region
+from agent.state.store import Snapshot
+from globaldns.records import (
+    EMPTY,
+    Section,
+    SoaFields,
+    address_records,
+    ns_records,
+    rfc8482_hinfo,
+    soa_record,
+    suffix_offsets,
+)
+from globaldns.selection import Outcome, Selection, all_down, ifurlup
+from globaldns.tables import Locator, Node, ProximityAnswer, Reply, ZoneTables, negative_reply_factory
+from globaldns.wire import AAAA, NOERROR, NS, SERVFAIL, SOA, A, name_from_text
+
+FAMILIES = ((A, 4), (AAAA, 6))
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneConfig:
+    apex: str
+    record_ttl: int = 30
+    ns_ttl: int = 3600
+    soa_ttl: int = 3600
+    soa_mname: str | None = None  # default: the first ns-<region> host
+    hostmaster: str | None = None  # default: hostmaster.<apex>
+    refresh: int = 3600
+    retry: int = 600
+    expire: int = 604_800
+    minimum: int = 60
+    startup_answer: AllDownPolicy = AllDownPolicy.ALL
+
+    @property
+    def negative_ttl(self) -> int:
+        return min(self.soa_ttl, self.minimum)  # RFC 2308 §5
+
+
+@dataclass
+class CompileReport:
+    """What the compiler could not honour; logged and counted by the caller."""
+
+    problems: list[str] = field(default_factory=list)
+
+
+def zone_serial(snapshot: Snapshot) -> int:
+    """Seconds of the newest state change: equal state gives an equal serial everywhere."""
+    return max(1, physical_ms(snapshot.newest_hlc) // 1000) % (1 << 32)
+
+
+def ns_host(region: str, apex: str) -> str:
+    return f"ns-{region}.{apex}"
+
+
+def _health(copy: CopyHealth | None, address: str) -> bool:
+    return copy is not None and copy.healthy and address not in copy.failed_addresses
+
+
+def compile_zone(
+    snapshot: Snapshot,
+    config: ZoneConfig,
+    *,
+    health_known: bool = True,
+    locator: Locator | None = None,
+    report: CompileReport | None = None,
+) -> ZoneTables:
+    report = report if report is not None else CompileReport()
+    apex = name_from_text(config.apex)
+    serial = zone_serial(snapshot)
+    regions = dict(sorted(snapshot.regions.items()))
+    ns_regions = [r for r in regions.values() if r.ns_ipv4 or r.ns_ipv6]
+    ns_hosts = tuple(name_from_text(ns_host(r.name, config.apex)) for r in ns_regions)
+    mname = name_from_text(config.soa_mname) if config.soa_mname else (ns_hosts[0] if ns_hosts else
+                                                                        name_from_text(f"ns.{config.apex}"))
+    rname = name_from_text(config.hostmaster or f"hostmaster.{config.apex}")
+    soa = SoaFields(mname, rname, serial, config.refresh, config.retry, config.expire, config.minimum)
+
+    def soa_at(apex_offset: int, ttl: int) -> Section:
+        suffixes = {apex[i:]: apex_offset + i for i in _label_starts(apex)}
+        return soa_record(apex, soa, ttl, suffixes)
+
+    nodes: dict[bytes, Node] = {}
+    description: list[dict[str, object]] = []
+
+    def node(owner: bytes, replies: dict[int, Reply], dynamic: Mapping[int, ProximityAnswer] | None = None) -> Node:
+        suffixes = suffix_offsets(owner)
+        apex_offset = 12 + len(owner) - len(apex)
+        nodata = Reply(NOERROR, aa=True, authority=soa_at(apex_offset, config.negative_ttl))
+        any_reply = Reply(NOERROR, aa=True, answer=rfc8482_hinfo(owner, config.record_ttl, suffixes))
+        return Node(replies, dynamic or {}, nodata, any_reply)
+
+    # The apex: SOA and NS with glue.
+    apex_suffixes = suffix_offsets(apex)
+    glue = EMPTY
+    for region, host in zip(ns_regions, ns_hosts, strict=True):
+        glue = glue + address_records(host, region.ns_ipv4 + region.ns_ipv6, config.ns_ttl, apex_suffixes)
+    apex_replies = {SOA: Reply(NOERROR, aa=True, answer=soa_at(12, config.soa_ttl))}
+    if ns_hosts:
+        apex_replies[NS] = Reply(
+            NOERROR, aa=True, answer=ns_records(apex, ns_hosts, config.ns_ttl, apex_suffixes), additional=glue
+        )
+    nodes[apex] = node(apex, apex_replies)
+    description.append({"name": config.apex, "type": "SOA", "serial": serial, "mname": _text(mname)})
+
+    for region, host in zip(ns_regions, ns_hosts, strict=True):
+        suffixes = suffix_offsets(host)
+        replies: dict[int, Reply] = {}
+        for qtype, family in FAMILIES:
+            addresses = region.ns_ipv4 if family == 4 else region.ns_ipv6
+            if addresses:
+                replies[qtype] = Reply(NOERROR, aa=True, answer=address_records(host, addresses, config.ns_ttl,
+                                                                                  suffixes))
+        nodes[host] = node(host, replies)
+        description.append({"name": _text(host), "type": "NS glue", "addresses": list(region.ns_ipv4 +
+                                                                                      region.ns_ipv6)})
+
+    for slug, project in sorted(snapshot.projects.items()):
+        owner = name_from_text(f"{slug}.{config.apex}")
+        if owner in nodes:
+            report.problems.append(f"project {slug}: name {slug}.{config.apex} is taken by a name server")
+            continue
+        missing = [r for r in project.regions if r not in regions]
+        if missing:
+            report.problems.append(f"project {slug}: unknown region(s) {', '.join(missing)} left out")
+        compiled = _compile_project(owner, project, regions, snapshot.copies, config, health_known, locator)
+        nodes[owner] = node(owner, compiled.replies, compiled.dynamic)
+        description.append(compiled.description)
+
+    ents = _empty_nonterminals(nodes.keys(), apex)
+    negative = negative_reply_factory(lambda offset: soa_at(offset, config.negative_ttl))
+    return ZoneTables(apex, serial, nodes, ents, negative, tuple(description))
+
+
+@dataclass
+class _CompiledProject:
+    replies: dict[int, Reply]
+    dynamic: dict[int, ProximityAnswer]
+    description: dict[str, object]
+
+
+def _compile_project(
+    owner: bytes,
+    project: Project,
+    regions: Mapping[str, Region],
+    copies: Mapping[tuple[str, str], CopyHealth],
+    config: ZoneConfig,
+    health_known: bool,
+    locator: Locator | None,
+) -> _CompiledProject:
+    suffixes = suffix_offsets(owner)
+    ttl = config.record_ttl
+
+    def reply_for(selection: Selection) -> Reply:
+        if selection.outcome is Outcome.SERVFAIL:
+            return Reply(SERVFAIL, aa=False)
+        return Reply(NOERROR, aa=True, answer=address_records(owner, selection.addresses, ttl, suffixes))
+
+    replies: dict[int, Reply] = {}
+    dynamic: dict[int, ProximityAnswer] = {}
+    targets: list[dict[str, object]] = []
+    answers: dict[str, object] = {}
+    for region_name in project.regions:
+        region = regions.get(region_name)
+        copy = copies.get((project.slug, region_name))
+        targets.append({
+            "region": region_name,
+            "addresses": list(region.ipv4 + region.ipv6) if region else [],
+            "health": "unknown" if copy is None else ("healthy" if copy.healthy else "unhealthy"),
+            "reason": "" if copy is None else copy.reason,
+            "failed_addresses": [] if copy is None else list(copy.failed_addresses),
+        })
+    for qtype, family in FAMILIES:
+        groups = [
+            [(address, health_known and _health(copies.get((project.slug, r)), address))
+             for r in group if r in regions for address in regions[r].addresses(family)]
+            for group in project.groups
+        ]
+        if not health_known:
+            selection = all_down(groups, config.startup_answer, "first health round not finished")
+            if not any(groups):
+                selection = Selection(Outcome.NODATA, (), "no address of this family")
+        elif project.mode is Mode.HA:
+            selection = ifurlup(groups, project.all_down)
+        else:
+            proximity = _proximity(owner, project, regions, copies, family, ttl, suffixes, locator)
+            if proximity is not None:
+                dynamic[qtype] = proximity
+                answers["A" if family == 4 else "AAAA"] = {
+                    "proximity": sorted(proximity.by_region), "locator": locator is not None,
+                }
+                continue
+            selection = all_down(groups, project.all_down, "all down") if any(groups) else Selection(
+                Outcome.NODATA, (), "no address of this family")
+        answers["A" if family == 4 else "AAAA"] = {"addresses": list(selection.addresses), "why": selection.why,
+                                                   "outcome": selection.outcome.value}
+        if selection.outcome is not Outcome.NODATA:
+            replies[qtype] = reply_for(selection)
+    description: dict[str, object] = {
+        "name": f"{project.slug}.{config.apex}", "type": "project", "mode": project.mode.value,
+        "primary": project.primary, "all_down": project.all_down.value, "ttl": ttl,
+        "answers": answers, "targets": targets,
+    }
+    return _CompiledProject(replies, dynamic, description)
+
+
+def _proximity(
+    owner: bytes,
+    project: Project,
+    regions: Mapping[str, Region],
+    copies: Mapping[tuple[str, str], CopyHealth],
+    family: int,
+    ttl: int,
+    suffixes: dict[bytes, int],
+    locator: Locator | None,
+) -> ProximityAnswer | None:
+    """Per-region replies for the healthy regions, or None when none is healthy."""
+    by_region: dict[str, Reply] = {}
+    every: list[str] = []
+    for name in project.regions:
+        region = regions.get(name)
+        if region is None:
+            continue
+        copy = copies.get((project.slug, name))
+        healthy = tuple(a for a in region.addresses(family) if _health(copy, a))
+        if healthy:
+            by_region[name] = Reply(NOERROR, aa=True, answer=address_records(owner, healthy, ttl, suffixes))
+            every.extend(healthy)
+    if not by_region:
+        return None
+    located = frozenset(n for n in by_region if regions[n].latitude is not None)
+    unlocated = Reply(NOERROR, aa=True, answer=address_records(owner, tuple(every), ttl, suffixes))
+    return ProximityAnswer(by_region, located, unlocated, locator)
+
+
+def _label_starts(name: bytes) -> list[int]:
+    starts = []
+    i = 0
+    while name[i]:
+        starts.append(i)
+        i += name[i] + 1
+    starts.append(i)
+    return starts
+
+
+def _empty_nonterminals(names: Iterable[bytes], apex: bytes) -> frozenset[bytes]:
+    """Names between a node and the apex that own nothing themselves (RFC 8020: NODATA)."""
+    existing = set(names)
+    ents: set[bytes] = set()
+    for name in existing:
+        i = name[0] + 1
+        while len(name) - i > len(apex):
+            parent = name[i:]
+            if parent not in existing:
+                ents.add(parent)
+            i += name[i] + 1
+    return frozenset(ents)
+
+
+def _text(wire: bytes) -> str:
+    labels = []
+    i = 0
+    while wire[i]:
+        labels.append(wire[i + 1:i + 1 + wire[i]].decode())
+        i += wire[i] + 1
+    return ".".join(labels)
+
+
+__all__ = ["CompileReport", "ZoneConfig", "compile_zone", "ns_host", "zone_serial"]

@@ -1,0 +1,89 @@
+"""Settings of the zone and its DNS server (env ``REGION_AGENT_DNS__<FIELD>``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agent.state.model import AllDownPolicy
+from globaldns.wire import name_from_text
+
+
+class DnsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    zone: str = Field(
+        default="g.example.com",
+        description="The global zone this agent is authoritative for; projects answer as <slug>.<zone>.",
+    )
+    listen_addresses: tuple[str, ...] = Field(
+        default=("127.0.0.1",),
+        description="IP literals to answer DNS on, UDP and TCP each (IPv6 sockets are v6-only).",
+    )
+    port: int = Field(default=53, ge=0, le=65535, description="DNS port; 0 picks a free one (tests).")
+    record_ttl: int = Field(
+        default=30, ge=0, le=86400,
+        description="TTL of project A/AAAA answers: how long a resolver may keep sending clients to a copy "
+        "that has since failed. Shorter fails over faster and costs more queries.",
+    )
+    ns_ttl: int = Field(default=3600, ge=0, le=604800, description="TTL of NS records and their glue.")
+    soa_ttl: int = Field(default=3600, ge=0, le=604800, description="TTL of the SOA record.")
+    soa_minimum: int = Field(
+        default=60, ge=0, le=86400,
+        description="SOA MINIMUM; the negative-answer TTL is min(soa_ttl, soa_minimum) (RFC 2308 §5). "
+        "Longer saves queries for names that do not exist; shorter lets a new project resolve sooner.",
+    )
+    soa_refresh: int = Field(default=3600, ge=0, description="SOA REFRESH (no secondaries use it here).")
+    soa_retry: int = Field(default=600, ge=0, description="SOA RETRY.")
+    soa_expire: int = Field(default=604800, ge=0, description="SOA EXPIRE.")
+    soa_mname: str | None = Field(default=None, description="SOA MNAME; default the first ns-<region>.<zone>.")
+    hostmaster: str | None = Field(default=None, description="SOA RNAME; default hostmaster.<zone>.")
+    udp_payload: int = Field(
+        default=1232, ge=512, le=4096,
+        description="Largest UDP response we send to an EDNS client (and advertise). 1232 avoids IP "
+        "fragmentation on every path (DNS Flag Day 2020; RFC 9715 caps it at 1400).",
+    )
+    tcp_idle_timeout: float = Field(
+        default=10.0, gt=0,
+        description="Close a TCP connection after this many idle seconds (RFC 7766 §6.2.3: a few seconds).",
+    )
+    tcp_max_connections: int = Field(
+        default=512, ge=1, description="TCP connections served at once; more are closed at accept."
+    )
+    response_memo_entries: int = Field(
+        default=20000, ge=0,
+        description="Rendered responses remembered per zone generation so a repeated query costs a lookup. "
+        "Memory is about 100 bytes each; 0 turns the memo off.",
+    )
+    geoip_database: Path | None = Field(
+        default=None,
+        description="MaxMind-format city database (GeoLite2-City.mmdb) for proximity projects. Without it a "
+        "proximity project answers every healthy address.",
+    )
+    startup_answer: AllDownPolicy = Field(
+        default=AllDownPolicy.ALL,
+        description="How projects answer before the first health round has finished (the agent is not ready "
+        "yet, but a query may still arrive): all = every address (PowerDNS's first query), primary, empty "
+        "(NODATA) or servfail (the resolver tries another name server).",
+    )
+
+    @field_validator("zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        value = value.rstrip(".").lower()
+        try:
+            name_from_text(value)
+        except ValueError as exc:
+            raise ValueError(f"not a DNS name: {exc}") from exc
+        if not value:
+            raise ValueError("the zone can not be the root")
+        return value
+
+    @field_validator("listen_addresses")
+    @classmethod
+    def _addresses(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            ipaddress.ip_address(value)
+        return values

@@ -1,0 +1,282 @@
+"""DNS wire format for an authoritative server: parse queries, render responses.
+
+dnspython costs ~150 µs to parse and answer one message (PLATFORM.md §6.2), so the
+answer path speaks the wire format itself: a query is parsed once into a :class:`Query`
+and a response is the query's header and question bytes followed by pre-rendered record
+bytes. Owner names in those records are compression pointers into the question, which
+is copied verbatim, so answers echo the query's case (0x20, cert-manager) for free.
+
+Bad input never raises out of this module except as :class:`MessageError`, which carries
+what is needed to answer it (or ``rcode=None``: drop, e.g. a header too short to echo).
+dnspython stays the reference in the tests, which cross-check both parsers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass
+
+# Types and classes (RFC 1035 §3.2, RFC 3596, RFC 6891, RFC 8945).
+A, NS, SOA, HINFO, TXT, AAAA, OPT, TSIG, IXFR, AXFR, ANY = 1, 2, 6, 13, 16, 28, 41, 250, 251, 252, 255
+CLASS_IN = 1
+
+# Opcodes and rcodes (RFC 1035 §4.1.1, RFC 6891 §9 for BADVERS).
+OPCODE_QUERY = 0
+NOERROR, FORMERR, SERVFAIL, NXDOMAIN, NOTIMP, REFUSED, NOTAUTH = 0, 1, 2, 3, 4, 5, 9
+BADVERS = 16
+
+# Header flag bits.
+QR = 0x8000
+AA = 0x0400
+TC = 0x0200
+RD = 0x0100
+CD = 0x0010
+OPCODE_MASK = 0x7800
+
+EDNS_ECS = 8  # RFC 7871 client subnet option code
+DO_BIT = 0x8000  # in the OPT TTL's low 16 bits
+
+MIN_UDP_PAYLOAD = 512
+_HEADER = struct.Struct("!HHHHHH")
+_U16 = struct.Struct("!H")
+_RR_FIXED = struct.Struct("!HHIH")  # type, class, ttl, rdlength
+
+
+class MessageError(Exception):
+    """A message we answer with an error rcode (or drop, when ``rcode`` is None)."""
+
+    def __init__(self, reason: str, rcode: int | None, query_id: int = 0, flags: int = 0,
+                 question: bytes = b"") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.rcode = rcode
+        self.query_id = query_id
+        self.flags = flags
+        self.question = question
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSubnet:
+    """An EDNS Client Subnet option from a query (RFC 7871 §6)."""
+
+    family: int  # 1 IPv4, 2 IPv6, 0 only with source prefix 0
+    source_prefix: int
+    address: bytes  # as received: ceil(source_prefix / 8) octets
+
+    @property
+    def ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        """The client network's address (host bits zero), or None when it says nothing."""
+        if self.family == 1:
+            return ipaddress.IPv4Address(self.address.ljust(4, b"\0"))
+        if self.family == 2:
+            return ipaddress.IPv6Address(self.address.ljust(16, b"\0"))
+        return None
+
+    def option(self, scope_prefix: int) -> bytes:
+        """This option as the response carries it: family, source and address echoed."""
+        data = struct.pack("!HBB", self.family, self.source_prefix, scope_prefix) + self.address
+        return struct.pack("!HH", EDNS_ECS, len(data)) + data
+
+
+@dataclass(frozen=True, slots=True)
+class Edns:
+    payload: int  # requestor's UDP payload size, at least 512
+    version: int
+    do: bool
+    client_subnet: ClientSubnet | None
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    id: int
+    flags: int
+    qname: bytes  # wire form exactly as received (case kept)
+    qname_lower: bytes
+    qtype: int
+    qclass: int
+    edns: Edns | None
+
+    @property
+    def question(self) -> bytes:
+        return self.qname + struct.pack("!HH", self.qtype, self.qclass)
+
+    @property
+    def text_name(self) -> str:
+        return name_to_text(self.qname)
+
+
+def name_to_text(wire: bytes) -> str:
+    labels = []
+    i = 0
+    while wire[i]:
+        n = wire[i]
+        labels.append(wire[i + 1:i + 1 + n].decode("ascii", "backslashreplace"))
+        i += n + 1
+    return ".".join(labels) + "."
+
+
+def name_from_text(name: str) -> bytes:
+    """Lower-case wire form of a presentation-format name (no escapes; ours are LDH)."""
+    name = name.rstrip(".").lower()
+    out = bytearray()
+    if name:
+        for label in name.split("."):
+            raw = label.encode("ascii")
+            if not 0 < len(raw) <= 63:
+                raise ValueError(f"bad label {label!r} in {name!r}")
+            out.append(len(raw))
+            out += raw
+    out.append(0)
+    if len(out) > 255:
+        raise ValueError(f"name {name!r} is longer than 255 octets")
+    return bytes(out)
+
+
+def _read_name(data: bytes, offset: int) -> int:
+    """Return the offset after an uncompressed name; raise ValueError if malformed."""
+    total = 0
+    while True:
+        n = data[offset]
+        if n == 0:
+            return offset + 1
+        if n & 0xC0:
+            raise ValueError("compressed or extended label")
+        offset += n + 1
+        total += n + 1
+        if total > 254:
+            raise ValueError("name longer than 255 octets")
+        if offset >= len(data):
+            raise ValueError("name runs past the message")
+
+
+def _skip_name(data: bytes, offset: int) -> int:
+    """Skip a possibly compressed name in a non-question section."""
+    while True:
+        n = data[offset]
+        if n == 0:
+            return offset + 1
+        if n & 0xC0 == 0xC0:
+            if offset + 2 > len(data):
+                raise ValueError("truncated pointer")
+            return offset + 2
+        if n & 0xC0:
+            raise ValueError("extended label type")
+        offset += n + 1
+
+
+def parse_query(data: bytes) -> Query:
+    """Parse a query, or raise :class:`MessageError` saying how to answer it."""
+    if len(data) < 12:
+        raise MessageError("short header", None)
+    qid, flags, qdcount, ancount, nscount, arcount = _HEADER.unpack_from(data)
+    if flags & QR:
+        raise MessageError("a response, not a query", None)  # never answer answers
+    if qdcount != 1:
+        opcode_ok = (flags & OPCODE_MASK) >> 11 == OPCODE_QUERY
+        raise MessageError(f"{qdcount} questions", FORMERR if opcode_ok else NOTIMP, qid, flags)
+    try:
+        qend = _read_name(data, 12)
+    except (ValueError, IndexError):
+        raise MessageError("malformed question name", FORMERR, qid, flags) from None
+    if qend + 4 > len(data):
+        raise MessageError("truncated question", FORMERR, qid, flags)
+    qtype, qclass = struct.unpack_from("!HH", data, qend)
+    question = data[12:qend + 4]
+    opcode = (flags & OPCODE_MASK) >> 11
+    if opcode != OPCODE_QUERY:
+        raise MessageError(f"opcode {opcode} not implemented", NOTIMP, qid, flags, question)
+    if ancount or nscount:
+        raise MessageError("records in the answer or authority section of a query", FORMERR, qid, flags, question)
+    edns: Edns | None = None
+    offset = qend + 4
+    try:
+        for _ in range(arcount):
+            owner = offset
+            offset = _skip_name(data, offset)
+            rtype, rclass, ttl, rdlen = _RR_FIXED.unpack_from(data, offset)
+            offset += 10
+            rdata_end = offset + rdlen
+            if rdata_end > len(data):
+                raise ValueError("record data runs past the message")
+            if rtype == OPT:
+                if edns is not None:
+                    raise ValueError("more than one OPT record")
+                if data[owner] != 0:
+                    raise ValueError("OPT owner is not the root")
+                edns = _parse_opt(data, offset, rdata_end, rclass, ttl)
+            elif rtype == TSIG:
+                raise MessageError("TSIG-signed queries are not served", NOTAUTH, qid, flags, question)
+            offset = rdata_end
+    except (ValueError, struct.error, IndexError) as exc:
+        raise MessageError(f"malformed additional section: {exc}", FORMERR, qid, flags, question) from None
+    if offset != len(data):
+        raise MessageError("trailing bytes after the message", FORMERR, qid, flags, question)
+    qname = data[12:qend]
+    return Query(qid, flags, qname, qname.lower(), qtype, qclass, edns)
+
+
+def _parse_opt(data: bytes, offset: int, end: int, payload: int, ttl: int) -> Edns:
+    version = (ttl >> 16) & 0xFF
+    client_subnet: ClientSubnet | None = None
+    while offset < end:
+        if offset + 4 > end:
+            raise ValueError("truncated EDNS option")
+        code, length = struct.unpack_from("!HH", data, offset)
+        offset += 4
+        if offset + length > end:
+            raise ValueError("EDNS option runs past the OPT record")
+        if code == EDNS_ECS:
+            if client_subnet is not None:
+                raise ValueError("more than one client subnet option")
+            client_subnet = _parse_ecs(data[offset:offset + length])
+        offset += length
+    return Edns(max(payload, MIN_UDP_PAYLOAD), version, bool(ttl & DO_BIT), client_subnet)
+
+
+def _parse_ecs(option: bytes) -> ClientSubnet:
+    if len(option) < 4:
+        raise ValueError("client subnet option shorter than 4 octets")
+    family, source, scope = struct.unpack_from("!HBB", option)
+    address = option[4:]
+    if family == 1:
+        width = 32
+    elif family == 2:
+        width = 128
+    elif family == 0 and source == 0 and not address:
+        width = 0  # RFC 7871 §7.1.2: the client asked that no address be used
+    else:
+        raise ValueError(f"client subnet family {family} is not supported")
+    if source > width:
+        raise ValueError("client subnet source prefix longer than the address")
+    if scope != 0:
+        raise ValueError("client subnet scope prefix must be 0 in a query")
+    if len(address) != (source + 7) // 8:
+        raise ValueError("client subnet address length does not match its prefix")
+    if source % 8 and address[-1] & (0xFF >> (source % 8)):
+        raise ValueError("client subnet address has bits set beyond its prefix")
+    return ClientSubnet(family, source, address)
+
+
+def opt_record(our_payload: int, *, extended_rcode: int = 0, do: bool = False, options: bytes = b"") -> bytes:
+    ttl = ((extended_rcode >> 4) << 24) | (DO_BIT if do else 0)
+    return b"\x00" + _RR_FIXED.pack(OPT, our_payload, ttl, len(options)) + options
+
+
+def response_flags(query_flags: int, *, rcode: int, aa: bool) -> int:
+    """QR set, opcode/RD/CD copied from the query, AA when we are authoritative."""
+    flags = QR | (query_flags & (OPCODE_MASK | RD | CD)) | (rcode & 0xF)
+    return flags | AA if aa else flags
+
+
+def error_response(error: MessageError, *, our_payload: int) -> bytes | None:
+    """Answer for a message that :func:`parse_query` refused, or None to drop it."""
+    if error.rcode is None:
+        return None
+    flags = response_flags(error.flags, rcode=error.rcode, aa=False)
+    qdcount = 1 if error.question else 0
+    return _HEADER.pack(error.query_id, flags, qdcount, 0, 0, 0) + error.question
+
+
+def header(query_id: int, flags: int, qd: int, an: int, ns: int, ar: int) -> bytes:
+    return _HEADER.pack(query_id, flags, qd, an, ns, ar)
