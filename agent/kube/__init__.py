@@ -1,0 +1,1 @@
+"""Kubernetes side of the agent."""
