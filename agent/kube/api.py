@@ -64,9 +64,7 @@ class KubeRequests:
         ``read_timeout`` bounds each socket read (a half-open connection raises
         ``TimeoutError``); the caller bounds the stream's total life.
         """
-        client_timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self._connect_timeout, sock_read=read_timeout
-        )
+        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout, sock_read=read_timeout)
         async with asyncio.timeout(self._connect_timeout + read_timeout):
             response = await self._call(path, params, client_timeout)
         try:
@@ -78,9 +76,7 @@ class KubeRequests:
         finally:
             response.close()  # never reuse a connection of an abandoned stream
 
-    async def _call(
-        self, path: str, params: QueryParams, timeout: aiohttp.ClientTimeout
-    ) -> aiohttp.ClientResponse:
+    async def _call(self, path: str, params: QueryParams, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
         response: aiohttp.ClientResponse = await self._api.call_api(
             path,
             "GET",

@@ -151,9 +151,7 @@ class CnpgStatusPoller:
             self._notify()
 
     async def _poll_forever(self, key: str, session: aiohttp.ClientSession) -> None:
-        backoff = Backoff(
-            initial=min(1.0, self._cnpg.poll_interval), cap=self._cnpg.backoff_cap, rng=self._rng
-        )
+        backoff = Backoff(initial=min(1.0, self._cnpg.poll_interval), cap=self._cnpg.backoff_cap, rng=self._rng)
         while True:
             cluster = self._clusters.items.get(key)
             if cluster is None:
@@ -191,9 +189,7 @@ class CnpgStatusPoller:
             )
             address = instance_address(pod)
             self._addresses[key] = address
-        document = await self._get(
-            session, f"{address.scheme}://{address.ip}:{self._cnpg.status_port}/pg/status"
-        )
+        document = await self._get(session, f"{address.scheme}://{address.ip}:{self._cnpg.status_port}/pg/status")
         status = parse_instance_status(json.loads(document))
         lag = None
         if not status.is_primary and self._cnpg.metrics_port is not None:

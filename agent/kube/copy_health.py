@@ -66,25 +66,19 @@ def serving_revisions(service: KnativeService) -> tuple[str, ...]:
 def service_status(slug: str, service: KnativeService | None) -> CopyStatus:
     """Health of the copy judged by its Knative Service alone (no data condition)."""
     if service is None:
-        return CopyStatus(
-            slug, False, CopyReason.NOT_FOUND, "no Knative Service for this project in the region"
-        )
+        return CopyStatus(slug, False, CopyReason.NOT_FOUND, "no Knative Service for this project in the region")
     where = _Where(namespace=service.namespace, service=service.name)
     if service.deleting:
         return CopyStatus(slug, False, CopyReason.NOT_FOUND, "the Knative Service is being deleted", **where)
     routes = service.condition("RoutesReady")
     serving = serving_revisions(service)
     if not serving or (routes is not None and routes.status == "False"):
-        if service.latest_ready_revision is None or (
-            routes is not None and routes.reason == "RevisionMissing"
-        ):
+        if service.latest_ready_revision is None or (routes is not None and routes.reason == "RevisionMissing"):
             return CopyStatus(
                 slug,
                 False,
                 CopyReason.NO_READY_REVISION,
-                _explain(
-                    service, "ConfigurationsReady", "RoutesReady", "Ready", default="no revision is ready"
-                ),
+                _explain(service, "ConfigurationsReady", "RoutesReady", "Ready", default="no revision is ready"),
                 **where,
             )
         return CopyStatus(
@@ -94,14 +88,10 @@ def service_status(slug: str, service: KnativeService | None) -> CopyStatus:
             _explain(service, "RoutesReady", "Ready", default="no revision carries traffic"),
             **where,
         )
-    return CopyStatus(
-        slug, True, CopyReason.OK, _serving_detail(service, serving), revisions=serving, **where
-    )
+    return CopyStatus(slug, True, CopyReason.OK, _serving_detail(service, serving), revisions=serving, **where)
 
 
-def copy_status(
-    slug: str, service: KnativeService | None, bindings: Iterable[BindingStatus] = ()
-) -> CopyStatus:
+def copy_status(slug: str, service: KnativeService | None, bindings: Iterable[BindingStatus] = ()) -> CopyStatus:
     """Health of the copy: the Service rules, then the data condition of its bindings."""
     status = service_status(slug, service)
     if not status.healthy:
@@ -122,9 +112,7 @@ def copy_status(
 
 
 def not_synced_status(slug: str) -> CopyStatus:
-    return CopyStatus(
-        slug, False, CopyReason.CACHE_NOT_SYNCED, "the watch cache has not completed its first list"
-    )
+    return CopyStatus(slug, False, CopyReason.CACHE_NOT_SYNCED, "the watch cache has not completed its first list")
 
 
 def _explain(service: KnativeService, *kinds: str, default: str) -> str:
@@ -139,11 +127,7 @@ def _serving_detail(service: KnativeService, serving: tuple[str, ...]) -> str:
     failed = service.latest_created_revision
     configurations = service.condition("ConfigurationsReady")
     if failed and failed not in serving and configurations is not None and configurations.status == "False":
-        return (
-            f"serving {', '.join(serving)}; latest revision {failed} failed: {configurations.message}".rstrip(
-                ": "
-            )
-        )
+        return f"serving {', '.join(serving)}; latest revision {failed} failed: {configurations.message}".rstrip(": ")
     if failed and failed != service.latest_ready_revision:
         return f"serving {', '.join(serving)}; rollout of {failed} in progress"
     return f"serving {', '.join(serving)}"

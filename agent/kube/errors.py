@@ -18,9 +18,7 @@ class KubeError(Exception):
 class ApiStatusError(KubeError):
     """The apiserver answered with a non-2xx status (or an ERROR event carrying a Status)."""
 
-    def __init__(
-        self, status: int, reason: str = "", message: str = "", causes: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, status: int, reason: str = "", message: str = "", causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"HTTP {status} {reason}: {message}".strip())
         self.status = status
         self.reason = reason
@@ -36,9 +34,7 @@ class ApiStatusError(KubeError):
         if isinstance(details, Mapping) and isinstance(details.get("causes"), list):
             causes = tuple(str(c.get("reason", "")) for c in details["causes"] if isinstance(c, Mapping))
         the_code = code if isinstance(code, int) else (http_status or 0)
-        error_type = (
-            ResourceExpiredError if _is_expired(the_code, str(status.get("reason", "")), causes) else cls
-        )
+        error_type = ResourceExpiredError if _is_expired(the_code, str(status.get("reason", "")), causes) else cls
         return error_type(the_code, str(status.get("reason", "")), str(status.get("message", "")), causes)
 
 

@@ -47,9 +47,7 @@ def bindings_of(
             continue
         status = statuses.get(key)
         if status is None or status.slug != slug:
-            status = BindingStatus(
-                slug, cluster.namespace, cluster.name, False, None, "instance status not polled yet"
-            )
+            status = BindingStatus(slug, cluster.namespace, cluster.name, False, None, "instance status not polled yet")
         result.append(status)
     return tuple(result)
 

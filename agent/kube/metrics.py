@@ -37,9 +37,7 @@ class InformerMetrics:
     def _create(cls, registry: CollectorRegistry) -> InformerMetrics:
         label = ["resource"]
         return cls(
-            objects=Gauge(
-                "region_agent_kube_objects", "Objects held in the watch cache.", label, registry=registry
-            ),
+            objects=Gauge("region_agent_kube_objects", "Objects held in the watch cache.", label, registry=registry),
             events=Counter(
                 "region_agent_kube_events_total",
                 "Watch events received, by type (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR), and "

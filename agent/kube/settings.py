@@ -108,9 +108,7 @@ class CnpgStatusSettings(BaseModel):
         "no copy has a data condition. On while the CRD is missing, the Cluster watch never syncs "
         "and every copy answers cache-not-synced.",
     )
-    status_port: int = Field(
-        default=8000, ge=1, le=65535, description="Instance-manager status port (`/pg/status`)."
-    )
+    status_port: int = Field(default=8000, ge=1, le=65535, description="Instance-manager status port (`/pg/status`).")
     metrics_port: int | None = Field(
         default=9187,
         ge=1,
@@ -162,9 +160,7 @@ class KubeSettings(BaseModel):
     kubeconfig: str | None = Field(
         default=None, description="kubeconfig path; None uses $KUBECONFIG or ~/.kube/config."
     )
-    context: str | None = Field(
-        default=None, description="kubeconfig context; None uses the current context."
-    )
+    context: str | None = Field(default=None, description="kubeconfig context; None uses the current context.")
     namespace: str | None = Field(
         default=None,
         description="Namespace to watch Services and Clusters in. None watches all namespaces, which needs "
@@ -201,6 +197,4 @@ class KubeSettings(BaseModel):
         "degraded but the copy stays in the DNS answers. Only `data-not-streaming` removes a copy.",
     )
     watch: WatchSettings = Field(default_factory=WatchSettings, description="Informer timeouts and backoff.")
-    cnpg: CnpgStatusSettings = Field(
-        default_factory=CnpgStatusSettings, description="CloudNativePG status polling."
-    )
+    cnpg: CnpgStatusSettings = Field(default_factory=CnpgStatusSettings, description="CloudNativePG status polling.")

@@ -197,9 +197,7 @@ class Informer(Generic[T]):
                 if version != "0":
                     params.append(("resourceVersionMatch", "NotOlderThan"))
             try:
-                page = await self._requests.get_json(
-                    self.resource.path, params, timeout=self._settings.list_timeout
-                )
+                page = await self._requests.get_json(self.resource.path, params, timeout=self._settings.list_timeout)
             except ResourceExpiredError:
                 if continue_token is None:
                     raise
@@ -225,9 +223,7 @@ class Informer(Generic[T]):
             self.synced_at = now
             self.synced.set()
             self._metrics.synced.labels(self.name).set(1)
-            logger.info(
-                "%s: synced %d objects at resourceVersion %s", self.name, len(self._cache), list_version
-            )
+            logger.info("%s: synced %d objects at resourceVersion %s", self.name, len(self._cache), list_version)
         self.error = None
         for change in changes:
             if change.final_state_unknown:
@@ -294,9 +290,7 @@ class Informer(Generic[T]):
                     received += 1
                     self._handle_line(line)
         if received == 0 and self._clock.monotonic() - started < settings.very_short_watch:
-            raise StreamError(
-                "watch ended without a single event right after it started", reason="very-short-watch"
-            )
+            raise StreamError("watch ended without a single event right after it started", reason="very-short-watch")
         self._metrics.last_success.labels(self.name).set(self._clock.wall())
 
     def _handle_line(self, line: bytes) -> None:
@@ -322,9 +316,7 @@ class Informer(Generic[T]):
                 self.resource_version = version
             return
         if event_type not in _OBJECT_EVENTS:
-            self._skip_malformed(
-                "watch event", line[:200], MalformedObjectError(f"unknown type {event_type!r}")
-            )
+            self._skip_malformed("watch event", line[:200], MalformedObjectError(f"unknown type {event_type!r}"))
             return
         self._apply(event_type, obj)  # type: ignore[arg-type]
         if version is not None:
@@ -357,9 +349,7 @@ class Informer(Generic[T]):
                 handler(change)
             except Exception:
                 self._metrics.handler_errors.labels(self.name).inc()
-                logger.exception(
-                    "%s: event handler %r failed on %s %s", self.name, handler, change.type, change.key
-                )
+                logger.exception("%s: event handler %r failed on %s %s", self.name, handler, change.type, change.key)
 
     def _notify_state(self) -> None:
         for listener in self._state_listeners:
@@ -378,18 +368,14 @@ class Informer(Generic[T]):
             self.error = None
             self._notify_state()
 
-    def _record_failure(
-        self, reason: str, during: str, error: BaseException, *, level: int = logging.WARNING
-    ) -> None:
+    def _record_failure(self, reason: str, during: str, error: BaseException, *, level: int = logging.WARNING) -> None:
         self._metrics.watch_errors.labels(self.name, reason).inc()
         description = (
             f"{during} {self.resource.label}: {reason}: {error}"
             if str(error)
             else f"{during} {self.resource.label}: {reason}"
         )
-        logger.log(
-            level, "%s: %s", self.name, description, exc_info=error if reason == "unexpected" else None
-        )
+        logger.log(level, "%s: %s", self.name, description, exc_info=error if reason == "unexpected" else None)
         if reason == "expired":
             return  # routine: the relist that follows is the remedy, not a failure to report
         if description != self.error:

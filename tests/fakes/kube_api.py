@@ -190,7 +190,7 @@ class FakeKubeApi:
         self._stalled = False
         self._end_at_once = False
         self._refuse_watch_status: int | None = None
-        self._list_failures: list[int] = []
+        self._list_failures: list[tuple[int, str | None]] = []
         self._expire_next_continue = False
         self._snapshots: dict[str, _Snapshot] = {}
         self._closing = asyncio.Event()
@@ -307,9 +307,10 @@ class FakeKubeApi:
             for watch in self._watches:
                 watch.queue.put_nowait(("stall", None))
 
-    def fail_lists(self, status: int, *, times: int = 1) -> None:
-        """The next ``times`` LIST requests (first pages) answer ``status``."""
-        self._list_failures.extend([status] * times)
+    def fail_lists(self, status: int, *, times: int = 1, resource: ResourceRef | str | None = None) -> None:
+        """The next ``times`` LIST requests (first pages, of ``resource`` or any) answer ``status``."""
+        label = None if resource is None else _label(resource)
+        self._list_failures.extend([(status, label)] * times)
 
     def expire_next_continue(self) -> None:
         """The next LIST page requested with a continue token answers 410 Expired."""
@@ -398,8 +399,10 @@ class FakeKubeApi:
             except (ValueError, KeyError, TypeError):
                 return _status(400, "BadRequest", "invalid continue token")
         else:
-            if self._list_failures:
-                status = self._list_failures.pop(0)
+            failure = next((f for f in self._list_failures if f[1] in (None, label)), None)
+            if failure is not None:
+                self._list_failures.remove(failure)
+                status = failure[0]
                 reason = "Expired" if status == 410 else "InternalError"
                 return _status(status, reason, f"injected failure {status}")
             if version and version != "0":
