@@ -66,7 +66,13 @@ class ClientSubnet:
 
     @property
     def ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-        """The client network's address (host bits zero), or None when it says nothing."""
+        """The client network's address (host bits zero), or None when it says nothing.
+
+        A source prefix of 0 means the client asked that its address not be used
+        (RFC 7871 §7.1.2), whatever family it names.
+        """
+        if self.source_prefix == 0:
+            return None
         if self.family == 1:
             return ipaddress.IPv4Address(self.address.ljust(4, b"\0"))
         if self.family == 2:

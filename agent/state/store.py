@@ -253,6 +253,7 @@ def entry_from_json(data: dict[str, object]) -> Entry:
             raise ModelError("value must be an object or null")
     except KeyError as exc:
         raise ModelError(f"entry lacks {exc.args[0]!r}") from exc
+    check_key(key)
     value = None if raw_value is None else decode_value(key, raw_value)
     return Entry(key, value, Version(hlc, writer))
 

@@ -1,0 +1,179 @@
+"""The DNS server over real UDP and TCP sockets on loopback, queried with dnspython."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator
+
+import dns.asyncquery
+import dns.edns
+import dns.flags
+import dns.message
+import dns.rcode
+import pytest
+
+from agent.state.model import CopyHealth, Mode, Project, Region
+from globaldns.answer import Responder
+from globaldns.compiler import ZoneConfig, compile_zone
+from globaldns.metrics import DnsCounters
+from globaldns.server import DnsServer, TcpLimits
+from globaldns.tables import ZoneHolder
+from tests.conftest import wait_for
+from tests.globaldns.zones import ALL, ZONE, ha, store_with, up
+
+
+def _tables() -> object:
+    store = store_with([ha("shop")], {("shop", r): up(r)[r] for r in ALL})
+    big = Region("lax1", ipv4=tuple(f"10.1.{i // 200}.{i % 200 + 1}" for i in range(120)))
+    store.put(("region", "lax1"), big)
+    store.put(("project", "big"), Project("big", ("lax1",), mode=Mode.HA))
+    store.put(("copy", "big", "lax1"), CopyHealth(True))
+    return compile_zone(store.snapshot(), ZoneConfig(ZONE))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[DnsServer]:
+    holder = ZoneHolder(_tables())  # type: ignore[arg-type]
+    srv = DnsServer(Responder(holder, DnsCounters()), [("127.0.0.1", 0)], TcpLimits(idle_timeout=0.3,
+                                                                                   max_connections=3))
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+def _port(srv: DnsServer) -> int:
+    return srv.bound[0][1]
+
+
+async def test_udp_answer(server: DnsServer) -> None:
+    response = await dns.asyncquery.udp(dns.message.make_query(f"shop.{ZONE}", "A"), "127.0.0.1",
+                                        port=_port(server), timeout=2)
+    assert response.rcode() == dns.rcode.NOERROR
+    assert {r.to_text() for r in response.answer[0]} == {"192.0.2.11"}
+
+
+async def test_truncation_then_tcp_retry(server: DnsServer) -> None:
+    query = dns.message.make_query(f"big.{ZONE}", "A", use_edns=False)
+    udp = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+    assert udp.flags & dns.flags.TC and not udp.answer
+    response, used_tcp = await dns.asyncquery.udp_with_fallback(query, "127.0.0.1", port=_port(server), timeout=2)
+    assert used_tcp
+    assert len(response.answer[0]) == 120
+
+
+async def _tcp_exchange(port: int, messages: list[bytes], *, split: bool = False) -> list[dns.message.Message]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    payload = b"".join(struct.pack("!H", len(m)) + m for m in messages)
+    if split:  # one byte at a time: framing must not depend on segment boundaries
+        for i in range(len(payload)):
+            writer.write(payload[i:i + 1])
+            await writer.drain()
+    else:
+        writer.write(payload)  # pipelined: all queries before any answer
+    responses = []
+    for _ in messages:
+        (length,) = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), 2))
+        responses.append(dns.message.from_wire(await asyncio.wait_for(reader.readexactly(length), 2)))
+    writer.close()
+    return responses
+
+
+async def test_pipelined_tcp_queries(server: DnsServer) -> None:
+    queries = []
+    for qid, name in ((11, f"shop.{ZONE}"), (12, f"nope.{ZONE}"), (13, "example.org")):
+        query = dns.message.make_query(name, "A")
+        query.id = qid
+        queries.append(query.to_wire())
+    responses = await _tcp_exchange(_port(server), queries)
+    assert {r.id: r.rcode() for r in responses} == {11: dns.rcode.NOERROR, 12: dns.rcode.NXDOMAIN,
+                                                    13: dns.rcode.REFUSED}
+
+
+async def test_tcp_framing_split_into_single_bytes(server: DnsServer) -> None:
+    query = dns.message.make_query(f"big.{ZONE}", "A")
+    (response,) = await _tcp_exchange(_port(server), [query.to_wire()], split=True)
+    assert len(response.answer[0]) == 120
+
+
+async def _udp_raw(port: int, payload: bytes, timeout: float = 0.5) -> bytes | None:
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(sock, payload)
+        try:
+            return await asyncio.wait_for(loop.sock_recv(sock, 65535), timeout)
+        except TimeoutError:
+            return None
+    finally:
+        sock.close()
+
+
+async def test_formerr_on_garbage_and_the_server_keeps_answering(server: DnsServer) -> None:
+    out = await _udp_raw(_port(server), b"\xab\xcd\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\xff\xff\xff")
+    assert out is not None
+    response = dns.message.from_wire(out)
+    assert response.id == 0xABCD and response.rcode() == dns.rcode.FORMERR
+    assert await _udp_raw(_port(server), b"\x01\x02\x03", timeout=0.2) is None  # too short to answer
+    await test_udp_answer(server)
+
+
+async def test_garbage_on_tcp_closes_the_connection(server: DnsServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    writer.write(b"\x00\x03abc")
+    assert await asyncio.wait_for(reader.read(), 2) == b""
+    writer.close()
+
+
+async def test_badvers(server: DnsServer) -> None:
+    query = dns.message.make_query(f"shop.{ZONE}", "A", use_edns=1)
+    response = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+    assert response.rcode() == dns.rcode.BADVERS
+    assert response.edns == 0
+
+
+async def test_ecs_is_echoed_with_a_scope(server: DnsServer) -> None:
+    query = dns.message.make_query(f"shop.{ZONE}", "A", options=[dns.edns.ECSOption("203.0.113.0", 24)])
+    response = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+    (ecs,) = [o for o in response.options if isinstance(o, dns.edns.ECSOption)]
+    assert (ecs.address, ecs.srclen, ecs.scopelen) == ("203.0.113.0", 24, 0)
+
+
+async def test_idle_tcp_connections_are_closed(server: DnsServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    assert await asyncio.wait_for(reader.read(), 3) == b""  # closed by the 0.3 s idle timeout
+    writer.close()
+    await wait_for(lambda: not server.connections, timeout=2, message="connection forgotten")
+
+
+async def test_connections_beyond_the_limit_are_closed_at_once(server: DnsServer) -> None:
+    held = [await asyncio.open_connection("127.0.0.1", _port(server)) for _ in range(3)]
+    await wait_for(lambda: len(server.connections) == 3, timeout=2, message="three connections")
+    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
+    assert await asyncio.wait_for(reader.read(), 2) == b""
+    assert server.responder.counters.tcp_refused == 1
+    writer.close()
+    for _, w in held:
+        w.close()
+
+
+async def test_ipv6_listener() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError:
+        pytest.skip("::1 is not configured")
+    srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("::1", 0)])  # type: ignore[arg-type]
+    await srv.start()
+    try:
+        response = await dns.asyncquery.udp(dns.message.make_query(f"shop.{ZONE}", "AAAA"), "::1",
+                                            port=srv.bound[0][1], timeout=2)
+        assert {r.to_text() for r in response.answer[0]} == {"2001:db8::11"}
+    finally:
+        await srv.stop()

@@ -1,0 +1,231 @@
+"""The hand-written query parser against dnspython, malformed input, and fuzzing."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import random
+import struct
+
+import dns.edns
+import dns.exception
+import dns.message
+import dns.opcode
+import dns.rcode
+import dns.rdatatype
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from globaldns.answer import Responder
+from globaldns.metrics import DnsCounters
+from globaldns.tables import ZoneHolder
+from globaldns.wire import FORMERR, NOTAUTH, NOTIMP, MessageError, parse_query
+from tests.globaldns.zones import ALL, ZONE, ha, tables_for, up
+
+
+def _random_case(name: str, rng: random.Random) -> str:
+    return "".join(c.upper() if rng.random() < 0.5 else c for c in name)
+
+
+@functools.cache
+def _valid_queries() -> list[dns.message.QueryMessage]:
+    rng = random.Random(7)
+    out = []
+    for i in range(200):
+        name = _random_case(rng.choice([f"shop.{ZONE}", ZONE, "example.org", f"a-b.c.{ZONE}"]), rng)
+        qtype = rng.choice(["A", "AAAA", "NS", "SOA", "ANY", "TXT", "MX", "TYPE65280"])
+        options: list[dns.edns.Option] = []
+        if i % 3 == 0:
+            options.append(dns.edns.ECSOption("203.0.113.77", rng.choice([0, 8, 20, 24, 32])))
+        if i % 5 == 0:
+            options.append(dns.edns.ECSOption("2001:db8:1234::1", rng.choice([0, 48, 56, 64, 128])))
+        if i % 4 == 0:
+            options.append(dns.edns.GenericOption(dns.edns.OptionType.COOKIE, bytes(rng.randrange(256) for _ in range(8))))  # cookie
+        use_edns = i % 7 != 0
+        if not use_edns:
+            options = []
+        options = options[:1] if sum(o.otype == 8 for o in options) > 1 else options
+        query = dns.message.make_query(name, qtype, use_edns=use_edns, payload=rng.choice([512, 1232, 4096, 100]),
+                                       want_dnssec=use_edns and i % 2 == 0, options=options)
+        query.id = rng.randrange(65536)
+        out.append(query)
+    return out
+
+
+@pytest.mark.parametrize("query", _valid_queries())
+def test_parser_agrees_with_dnspython(query: dns.message.QueryMessage) -> None:
+    parsed = parse_query(query.to_wire())
+    assert parsed.id == query.id
+    wire_name = query.question[0].name.to_wire()
+    assert wire_name is not None
+    assert parsed.qname == wire_name  # case kept
+    assert parsed.qname_lower == wire_name.lower()
+    assert parsed.qtype == query.question[0].rdtype
+    assert (parsed.edns is not None) == (query.edns >= 0)
+    if parsed.edns is not None:
+        assert parsed.edns.payload == max(512, query.payload)
+        assert parsed.edns.do == bool(query.ednsflags & 0x8000)
+        ecs = [o for o in query.options if isinstance(o, dns.edns.ECSOption)]
+        if ecs:
+            assert parsed.edns.client_subnet is not None
+            assert parsed.edns.client_subnet.source_prefix == ecs[0].srclen
+            if ecs[0].srclen:
+                network = ipaddress.ip_network(f"{ecs[0].address}/{ecs[0].srclen}", strict=False)
+                assert parsed.edns.client_subnet.ip == network.network_address
+        else:
+            assert parsed.edns.client_subnet is None
+
+
+def _header(qid: int = 0x1234, flags: int = 0x0100, qd: int = 1, an: int = 0, ns: int = 0, ar: int = 0) -> bytes:
+    return struct.pack("!HHHHHH", qid, flags, qd, an, ns, ar)
+
+
+QUESTION = b"\x04shop\x01g\x07example\x03com\x00\x00\x01\x00\x01"
+
+
+def _opt(options: bytes = b"", payload: int = 1232, ttl: int = 0) -> bytes:
+    return b"\x00" + struct.pack("!HHIH", 41, payload, ttl, len(options)) + options
+
+
+def _ecs(family: int, source: int, scope: int, address: bytes) -> bytes:
+    data = struct.pack("!HBB", family, source, scope) + address
+    return struct.pack("!HH", 8, len(data)) + data
+
+
+MALFORMED = [
+    ("empty", b"", None),
+    ("short header", b"\x12\x34\x01", None),
+    ("a response", _header(flags=0x8100) + QUESTION, None),
+    ("no question", _header(qd=0), FORMERR),
+    ("two questions", _header(qd=2) + QUESTION + QUESTION, FORMERR),
+    ("truncated question", _header() + QUESTION[:-2], FORMERR),
+    ("label past the end", _header() + b"\x3fabc", FORMERR),
+    ("compressed question", _header() + b"\xc0\x0c\x00\x01\x00\x01", FORMERR),
+    ("extended label type", _header() + b"\x41abc\x00\x00\x01\x00\x01", FORMERR),
+    ("name longer than 255", _header() + b"\x3f" + b"a" * 63 + b"\x3f" + b"b" * 63 + b"\x3f" + b"c" * 63
+     + b"\x3f" + b"d" * 63 + b"\x00\x00\x01\x00\x01", FORMERR),
+    ("answer records in a query", _header(an=1) + QUESTION, FORMERR),
+    ("trailing junk", _header() + QUESTION + b"\x00", FORMERR),
+    ("additional count too high", _header(ar=1) + QUESTION, FORMERR),
+    ("two OPT records", _header(ar=2) + QUESTION + _opt() + _opt(), FORMERR),
+    ("OPT not at the root", _header(ar=1) + QUESTION + b"\x01a\x00" + struct.pack("!HHIH", 41, 1232, 0, 0),
+     FORMERR),
+    ("option past the OPT", _header(ar=1) + QUESTION + b"\x00" + struct.pack("!HHIH", 41, 1232, 0, 4)
+     + b"\x00\x08\x00\x09", FORMERR),
+    ("ECS unknown family", _header(ar=1) + QUESTION + _opt(_ecs(3, 8, 0, b"\x01")), FORMERR),
+    ("ECS prefix too long", _header(ar=1) + QUESTION + _opt(_ecs(1, 33, 0, b"\x01\x02\x03\x04\x05")), FORMERR),
+    ("ECS scope set in a query", _header(ar=1) + QUESTION + _opt(_ecs(1, 24, 8, b"\x01\x02\x03")), FORMERR),
+    ("ECS address too long", _header(ar=1) + QUESTION + _opt(_ecs(1, 8, 0, b"\x01\x02")), FORMERR),
+    ("ECS bits beyond prefix", _header(ar=1) + QUESTION + _opt(_ecs(1, 20, 0, b"\x01\x02\x0f")), FORMERR),
+    ("two ECS options", _header(ar=1) + QUESTION + _opt(_ecs(1, 8, 0, b"\x01") * 2), FORMERR),
+    ("status opcode", _header(flags=0x1100) + QUESTION, NOTIMP),
+    ("notify opcode", _header(flags=0x2100) + QUESTION, NOTIMP),
+    ("update opcode", _header(flags=0x2800, an=0) + QUESTION, NOTIMP),
+    ("TSIG-signed query", _header(ar=1) + QUESTION + b"\x03key\x00" + struct.pack("!HHIH", 250, 255, 0, 0),
+     NOTAUTH),
+]
+
+
+@pytest.mark.parametrize(("case", "wire", "rcode"), MALFORMED, ids=[c[0] for c in MALFORMED])
+def test_malformed(case: str, wire: bytes, rcode: int | None) -> None:
+    with pytest.raises(MessageError) as caught:
+        parse_query(wire)
+    assert caught.value.rcode == rcode
+
+
+def test_ecs_family_zero_with_no_address_is_accepted() -> None:
+    parsed = parse_query(_header(ar=1) + QUESTION + _opt(_ecs(0, 0, 0, b"")))
+    assert parsed.edns is not None and parsed.edns.client_subnet is not None
+    assert parsed.edns.client_subnet.ip is None
+
+
+@functools.cache
+def _responder() -> Responder:
+    tables = tables_for([ha("shop")], {"shop": up(*ALL)})
+    return Responder(ZoneHolder(tables), DnsCounters())
+
+
+def _check_response(data: bytes, out: bytes | None) -> None:
+    """A response is None (dropped) or a message dnspython can parse, echoing the ID."""
+    if out is None:
+        return
+    response = dns.message.from_wire(out)
+    assert response.id == struct.unpack_from("!H", data)[0]
+    assert response.flags & 0x8000
+
+
+@settings(max_examples=600, derandomize=True, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.binary(max_size=80))
+def test_fuzz_random_bytes_never_crash(data: bytes) -> None:
+    responder = _responder()
+    for tcp in (False, True):
+        _check_response(data, responder.respond(data, "127.0.0.1", tcp=tcp)) if len(data) >= 2 else None
+
+
+@settings(max_examples=800, derandomize=True, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.data())
+def test_fuzz_mutated_queries_never_crash_and_accepted_ones_are_valid(data: st.DataObject) -> None:
+    queries = _valid_queries()
+    base = bytearray(queries[data.draw(st.integers(0, len(queries) - 1))].to_wire())
+    for _ in range(data.draw(st.integers(1, 4))):
+        kind = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        position = data.draw(st.integers(0, len(base)))
+        if kind == "flip" and position < len(base):
+            base[position] ^= data.draw(st.integers(1, 255))
+        elif kind == "cut":
+            del base[position:]
+        else:
+            base[position:position] = data.draw(st.binary(min_size=1, max_size=4))
+    wire = bytes(base)
+    try:
+        parse_query(wire)
+        accepted = True
+    except MessageError:
+        accepted = False
+    if accepted:  # whatever we accept, the reference parser accepts too
+        dns.message.from_wire(wire)
+    if len(wire) >= 2:
+        _check_response(wire, _responder().respond(wire, "127.0.0.1", tcp=False))
+
+
+def test_formerr_echoes_id_and_opcode_and_drops_nothing_else() -> None:
+    out = _responder().respond(_header(qid=0xBEEF, ar=1) + QUESTION, "127.0.0.1", tcp=False)
+    assert out is not None
+    response = dns.message.from_wire(out)
+    assert response.id == 0xBEEF
+    assert response.rcode() == dns.rcode.FORMERR
+    assert response.question[0].name.to_text() == "shop.g.example.com."
+
+
+def test_notimp_for_update() -> None:
+    update = dns.message.make_query(ZONE, "SOA")
+    update.set_opcode(dns.opcode.UPDATE)
+    out = _responder().respond(update.to_wire(), "127.0.0.1", tcp=False)
+    assert out is not None
+    response = dns.message.from_wire(out)
+    assert response.rcode() == dns.rcode.NOTIMP
+    assert response.opcode() == dns.opcode.UPDATE
+
+
+def test_memo_serves_repeats_with_the_new_id_and_follows_table_swaps() -> None:
+    holder = ZoneHolder(tables_for([ha("shop")], {"shop": up(*ALL)}))
+    responder = Responder(holder, DnsCounters())
+    query = dns.message.make_query(f"shop.{ZONE}", "A")
+    for qid in (1, 2, 3):
+        query.id = qid
+        response = dns.message.from_wire(responder.respond(query.to_wire(), None, tcp=False) or b"")
+        assert response.id == qid
+        assert {r.to_text() for rrset in response.answer for r in rrset} == {"192.0.2.11"}
+    assert len(holder.tables.response_memo) == 1  # type: ignore[union-attr]
+    holder.replace(tables_for([ha("shop")], {"shop": {"ams1": up("ams1")["ams1"]}}))
+    response = dns.message.from_wire(responder.respond(query.to_wire(), None, tcp=False) or b"")
+    assert {r.to_text() for rrset in response.answer for r in rrset} == {"192.0.2.12"}
+
+
+def test_no_zone_yet_is_servfail() -> None:
+    responder = Responder(ZoneHolder(), DnsCounters())
+    out = responder.respond(dns.message.make_query(f"shop.{ZONE}", "A").to_wire(), None, tcp=False)
+    assert dns.message.from_wire(out or b"").rcode() == dns.rcode.SERVFAIL
+    with pytest.raises(dns.exception.DNSException):
+        dns.message.from_wire(b"\x00")
