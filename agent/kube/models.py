@@ -14,11 +14,13 @@ does arithmetic on numbers, not strings.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from functools import lru_cache
+from typing import Any, TypeVar
 
 from agent.kube.errors import MalformedObjectError
 from agent.kube.quantity import QuantityError, parse_quantity
@@ -46,6 +48,20 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915")
 
 
 # -- tolerant field access --------------------------------------------------------------------
+
+_Shared = TypeVar("_Shared")
+
+
+@lru_cache(maxsize=4096)
+def _shared(value: _Shared) -> _Shared:
+    """One instance per distinct value: most Services carry identical condition tuples, and
+    10,000 copies of ``Condition("Ready", "True")`` would cost ~1 MB for nothing."""
+    return value
+
+
+def _name(value: Any) -> str:
+    """Names repeated across fields and records (namespaces, revisions) share one string."""
+    return sys.intern(value) if isinstance(value, str) else ""
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -89,7 +105,7 @@ def _metadata(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], str, str]:
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         raise MalformedObjectError("object without metadata.name")
-    return metadata, _text(metadata.get("namespace")), name
+    return metadata, _name(metadata.get("namespace")), name
 
 
 def _subset(values: Any, keys: Iterable[str]) -> Labels:
@@ -126,7 +142,8 @@ def _conditions(status: Mapping[str, Any], wanted: Collection[str]) -> tuple[Con
                     _text(entry.get("message"))[:MESSAGE_LIMIT],
                 )
             )
-    return tuple(result)
+    shared: tuple[Condition, ...] = _shared(tuple(result))
+    return shared
 
 
 def _find(conditions: tuple[Condition, ...], kind: str) -> Condition | None:
@@ -171,7 +188,7 @@ class KnativeService:
         traffic = []
         for raw in _list(status.get("traffic")):
             entry = _mapping(raw)
-            revision = _text(entry.get("revisionName"))
+            revision = _name(entry.get("revisionName"))
             if revision:
                 traffic.append(
                     TrafficTarget(
@@ -186,8 +203,8 @@ class KnativeService:
             name=name,
             generation=_integer(metadata.get("generation")),
             observed_generation=_integer(status.get("observedGeneration")),
-            latest_ready_revision=_optional_text(status.get("latestReadyRevisionName")),
-            latest_created_revision=_optional_text(status.get("latestCreatedRevisionName")),
+            latest_ready_revision=_name(status.get("latestReadyRevisionName")) or None,
+            latest_created_revision=_name(status.get("latestCreatedRevisionName")) or None,
             traffic=tuple(traffic),
             conditions=_conditions(status, KNATIVE_CONDITIONS),
             labels=_subset(metadata.get("labels"), keep_labels),

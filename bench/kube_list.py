@@ -1,0 +1,132 @@
+"""Initial LIST of N Knative Services into the informer cache: time and memory.
+
+Goals (issue 3): 10,000 Services listed into the cache in under 3 s; the process holding them
+under 100 MB RSS.
+
+The fake apiserver runs in a separate process (spawned, not forked), so the numbers are the
+agent side only: the real kubernetes_asyncio client over loopback HTTP, JSON parsing of every
+page, conversion to slim ``KnativeService`` records, and the cache. Each Service is realistic
+in size (labels, annotations, managedFields, template, status with conditions and traffic;
+about 4.5 KiB of JSON each with the default padding).
+
+Run from the repository root::
+
+    python -m bench.kube_list                 # 10,000 Services, default page size
+    python -m bench.kube_list --services 20000 --page-size 1000 --padding 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import multiprocessing
+import multiprocessing.synchronize
+import resource
+import time
+from multiprocessing.queues import Queue
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, Configuration
+from prometheus_client import CollectorRegistry
+
+from agent.kube.models import KnativeService
+from agent.kube.resources import KNATIVE_SERVICES
+from agent.kube.settings import WatchSettings
+from agent.kube.watch import Informer
+
+PROJECT_LABEL = "region-agent.io/project"  # the default copy label (KubeSettings)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def serve(count: int, padding: int, urls: Queue[str], stop: multiprocessing.synchronize.Event) -> None:
+    """The fake apiserver process (imported here so the measured process never loads it)."""
+    from tests.fakes.kube_api import FakeKubeApi
+    from tests.fakes.kube_objects import knative_service
+
+    async def main() -> None:
+        fake = FakeKubeApi()
+        for index in range(count):
+            service = knative_service(f"project-{index:05d}", namespace=f"ns-{index % 50}")
+            # managedFields is most of a real Service's bytes; pad to a realistic object size
+            service["metadata"]["managedFields"].append(
+                {"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:spec": {"f:x": "y" * padding}}}
+            )
+            fake.put(KNATIVE_SERVICES, service)
+        urls.put(await fake.start())
+        await asyncio.to_thread(stop.wait)
+        await fake.close()
+
+    asyncio.run(main())
+
+
+async def measure(url: str, count: int, page_size: int) -> dict[str, Any]:
+    gc.collect()
+    before = rss_mb()
+    settings = WatchSettings(page_size=page_size)
+    async with ApiClient(Configuration(host=url)) as api:
+        informer: Informer[KnativeService] = Informer(
+            api=api,
+            resource=KNATIVE_SERVICES,
+            convert=lambda obj: KnativeService.from_api(obj, keep_labels=(PROJECT_LABEL,)),
+            label_selector=PROJECT_LABEL,
+            settings=settings,
+            registry=CollectorRegistry(),
+            name="bench",
+        )
+        started = time.perf_counter()
+        task = asyncio.create_task(informer.run())
+        await asyncio.wait_for(informer.synced.wait(), timeout=120)
+        elapsed = time.perf_counter() - started
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert len(informer.items) == count, len(informer.items)
+        gc.collect()
+        after = rss_mb()
+        return {
+            "services": count,
+            "page_size": page_size,
+            "list_seconds": elapsed,
+            "rss_before_mb": before,
+            "rss_with_cache_mb": after,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", type=int, default=10_000)
+    parser.add_argument("--page-size", type=int, default=WatchSettings().page_size)
+    parser.add_argument("--padding", type=int, default=3000, help="extra bytes per Service (managedFields)")
+    args = parser.parse_args()
+
+    context = multiprocessing.get_context("spawn")
+    urls: Queue[str] = context.Queue()
+    stop = context.Event()
+    server = context.Process(target=serve, args=(args.services, args.padding, urls, stop), daemon=True)
+    server.start()
+    try:
+        url = urls.get(timeout=300)
+        result = asyncio.run(measure(url, args.services, args.page_size))
+    finally:
+        stop.set()
+        server.join(timeout=10)
+    print(
+        f"initial LIST of {result['services']} Services (pages of {result['page_size']}): "
+        f"{result['list_seconds']:.2f} s  (goal < 3 s)"
+    )
+    print(
+        f"RSS before list: {result['rss_before_mb']:.1f} MB; with {result['services']} cached: "
+        f"{result['rss_with_cache_mb']:.1f} MB (goal < 100 MB); peak: {result['peak_rss_mb']:.1f} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()
