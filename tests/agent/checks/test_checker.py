@@ -1,0 +1,213 @@
+"""Standalone HTTP checks against real endpoints on loopback, writing copy health."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from agent.checks.checker import CheckConfig, Checker, copy_health, plan_targets
+from agent.checks.rule import CheckRule, TargetHealth, TargetState
+from agent.state.hlc import HybridClock
+from agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
+from agent.state.store import Entry, Store
+from tests.conftest import wait_for
+
+
+@dataclass
+class Endpoint:
+    """A copy's health endpoint whose answers the test scripts."""
+
+    address: str
+    answers: list[tuple[int, str]] = field(default_factory=list)  # served first, in order
+    steady: tuple[int, str] = (200, "ok")
+    delay: float = 0.0
+    requests: list[tuple[float, str, str]] = field(default_factory=list)  # (time, path, host)
+    runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append((time.monotonic(), request.path, request.headers.get("Host", "")))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        status, body = self.answers.pop(0) if self.answers else self.steady
+        return web.Response(status=status, text=body)
+
+
+async def _start(endpoint: Endpoint, port: int) -> int:
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", endpoint.handle)
+    endpoint.runner = web.AppRunner(app, access_log=None)
+    await endpoint.runner.setup()
+    site = web.TCPSite(endpoint.runner, endpoint.address, port)
+    await site.start()
+    return int(endpoint.runner.addresses[0][1])
+
+
+@pytest.fixture
+async def endpoints() -> AsyncIterator[tuple[Endpoint, Endpoint, int]]:
+    primary, backup = Endpoint("127.0.0.21"), Endpoint("127.0.0.22")
+    port = await _start(primary, 0)
+    await _start(backup, port)
+    yield primary, backup, port
+    for endpoint in (primary, backup):
+        assert endpoint.runner is not None
+        await endpoint.runner.cleanup()
+
+
+def _store() -> Store:
+    store = Store(writer="standalone/t", clock=HybridClock(lambda: int(time.time() * 1000)))
+    store.put(region_key("sfo1"), Region("sfo1", ipv4=("127.0.0.21",)))
+    store.put(region_key("ams1"), Region("ams1", ipv4=("127.0.0.22",)))
+    store.put(project_key("shop"), Project("shop", ("sfo1", "ams1")))
+    return store
+
+
+def _config(port: int, **rule: float) -> CheckConfig:
+    return CheckConfig(port=port, host="runr-health.g.example.com", timeout=0.3,
+                       rule=CheckRule(interval=rule.get("interval", 0.5), recheck_delay=rule.get("recheck", 0.05)))
+
+
+async def _run(checker: Checker) -> asyncio.Task[None]:
+    task = asyncio.create_task(checker.run())
+    await wait_for(checker.first_round.is_set, timeout=5, message="first round")
+    return task
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def _health(store: Store, region: str) -> CopyHealth | None:
+    value = store.get(copy_key("shop", region))
+    assert value is None or isinstance(value, CopyHealth)
+    return value
+
+
+async def test_first_round_and_request_shape(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+    primary, _backup, port = endpoints
+    store = _store()
+    task = await _run(Checker(store, _config(port), CollectorRegistry()))
+    try:
+        assert _health(store, "sfo1") == CopyHealth(True, "ok", ())
+        assert _health(store, "ams1") == CopyHealth(True, "ok", ())
+        _, path, host = primary.requests[0]
+        assert path == "/global-health/shop"
+        assert host == f"runr-health.g.example.com:{port}"
+    finally:
+        await _stop(task)
+
+
+async def test_a_failure_is_confirmed_by_a_quick_recheck(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+    primary, _backup, port = endpoints
+    store = _store()
+    task = await _run(Checker(store, _config(port, interval=1.0, recheck=0.05), CollectorRegistry()))
+    try:
+        primary.steady = (503, "down")
+        flipped_at = time.monotonic()
+        await wait_for(lambda: (h := _health(store, "sfo1")) is not None and not h.healthy, timeout=3,
+                       message="sfo1 down")
+        health = _health(store, "sfo1")
+        assert health is not None and "http 503" in health.reason
+        times = [t for t, _, _ in primary.requests if t >= flipped_at]
+        assert len(times) == 2  # the failing regular check and its quick confirmation
+        assert times[1] - times[0] < 0.5  # not a whole interval later
+    finally:
+        await _stop(task)
+
+
+async def test_one_lost_check_does_not_flip(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+    primary, _backup, port = endpoints
+    store = _store()
+    changes: list[Entry] = []
+    store.subscribe(changes.extend)
+    task = await _run(Checker(store, _config(port, interval=0.2), CollectorRegistry()))
+    try:
+        start = len(primary.requests)
+        primary.answers = [(503, "down")]
+        await wait_for(lambda: len(primary.requests) >= start + 4, timeout=5, message="four more checks")
+        assert all(isinstance(e.value, CopyHealth) and e.value.healthy for e in changes
+                   if e.key == copy_key("shop", "sfo1"))
+    finally:
+        await _stop(task)
+
+
+@pytest.mark.parametrize(("answer", "delay", "detail"), [
+    ((200, "error"), 0.0, "body lacks 'ok'"),
+    ((503, "ok"), 0.0, "http 503"),
+    ((200, "ok"), 0.6, "timeout"),
+])
+async def test_what_counts_as_a_failure(endpoints: tuple[Endpoint, Endpoint, int], answer: tuple[int, str],
+                                        delay: float, detail: str) -> None:
+    primary, _backup, port = endpoints
+    primary.steady, primary.delay = answer, delay
+    store = _store()
+    task = await _run(Checker(store, _config(port, interval=0.3), CollectorRegistry()))
+    try:
+        health = _health(store, "sfo1")
+        assert health is not None and not health.healthy
+        assert detail in health.reason
+        assert health.failed_addresses == ("127.0.0.21",)
+    finally:
+        await _stop(task)
+
+
+async def test_recovery_needs_rise_successes(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+    primary, _backup, port = endpoints
+    primary.steady = (503, "down")
+    store = _store()
+    checker = Checker(store, _config(port, interval=0.3), CollectorRegistry())
+    task = await _run(checker)
+    try:
+        assert not (_health(store, "sfo1") or CopyHealth(True)).healthy
+        primary.steady = (200, "still ok")  # "ok" as a substring counts, like stringmatch
+        healthy = await wait_for(lambda: (h := _health(store, "sfo1")) is not None and h.healthy, timeout=5,
+                                 message="sfo1 back up")
+        assert healthy
+        target = next(t for t in checker.states if t.address == "127.0.0.21")
+        assert checker.states[target].successes >= 2
+    finally:
+        await _stop(task)
+
+
+async def test_targets_follow_the_store(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+    _primary, backup, port = endpoints
+    store = _store()
+    checker = Checker(store, _config(port, interval=0.2), CollectorRegistry())
+    store.subscribe(lambda _e: checker.reconcile(store.snapshot()))
+    task = await _run(checker)
+    try:
+        assert len(checker.states) == 2
+        store.put(project_key("shop"), Project("shop", ("sfo1",)))
+        assert {t.address for t in checker.states} == {"127.0.0.21"}
+        count = len(backup.requests)
+        store.put(project_key("blog"), Project("blog", ("ams1",)))
+        await wait_for(lambda: any(p == "/global-health/blog" for _, p, _ in backup.requests[count:]), timeout=3,
+                       message="blog checked")
+    finally:
+        await _stop(task)
+
+
+def test_plan_shares_one_check_per_address_and_url() -> None:
+    store = _store()
+    store.put(region_key("sfo1"), Region("sfo1", ipv4=("127.0.0.21",), ipv6=("::1",)))
+    plan = plan_targets(store.snapshot(), CheckConfig(port=80, host="h"))
+    assert {(t.address, t.url) for t in plan} == {
+        ("127.0.0.21", "http://h/global-health/shop"), ("::1", "http://h/global-health/shop"),
+        ("127.0.0.22", "http://h/global-health/shop"),
+    }
+    assert next(t for t in plan if t.address == "::1").request_url == "http://[::1]:80/global-health/shop"
+
+
+def test_copy_health_from_address_states() -> None:
+    up, down, unknown = TargetState(TargetHealth.UP), TargetState(TargetHealth.DOWN, detail="http 503"), TargetState()
+    assert copy_health(("a", "b"), {"a": unknown, "b": unknown}) is None
+    assert copy_health(("a", "b"), {"a": up, "b": down}) == CopyHealth(True, "ok", ("b",))
+    assert copy_health(("a", "b"), {"a": up, "b": unknown}) == CopyHealth(True, "ok", ("b",))
+    health = copy_health(("a", "b"), {"a": down, "b": down})
+    assert health is not None and not health.healthy and health.reason == "check failed: a: http 503; b: http 503"
