@@ -1,1 +1,47 @@
-"""Kubernetes side of the agent."""
+"""The Kubernetes side of the agent: informers, slim records, copy health and data status.
+
+Layers, lowest first (each module's docstring gives its design reason):
+
+* ``settings``    ``KubeSettings`` (+ ``WatchSettings``, ``CnpgStatusSettings``), composed by the lead.
+* ``client``      ``build_api_client(settings)``: kubernetes_asyncio ``ApiClient`` (in-cluster/kubeconfig).
+* ``resources``   ``ResourceRef`` and ``PODS``, ``KNATIVE_SERVICES``, ``CNPG_CLUSTERS``.
+* ``api``         the two HTTP calls (GET JSON, JSON-lines stream) over ``ApiClient.call_api``.
+* ``cache``       ``Cache[T]`` and ``WatchEvent[T]``: pure store semantics (relist → DELETED).
+* ``watch``       ``Informer[T]``: list + watch of any collection (PLATFORM.md §2.5).
+* ``models``      ``KnativeService``, ``CnpgCluster``, ``NodePod`` records and ``from_api`` converters.
+* ``copy_health`` pure: a Knative Service (+ bindings) → ``CopyStatus`` (PLATFORM.md §1.3).
+* ``cnpg_status`` pure: instance-manager status → ``BindingStatus`` (PLATFORM.md §5.2).
+* ``cnpg_poller`` polls ``/pg/status`` (and the exporter's lag) of every bound Cluster.
+* ``local_view``  pure: caches → ``dict[slug, CopyStatus]`` and ``tuple[BindingStatus, ...]``.
+* ``sources``     ``KubeSources``: everything above wired from ``KubeSettings`` for the supervisor,
+  and ``node_pods_informer`` for usage metering.
+
+Only ``agent.base`` and ``agent.state`` are imported from the rest of the project.
+"""
+
+from agent.kube.cache import WatchEvent
+from agent.kube.client import build_api_client
+from agent.kube.models import CnpgCluster, KnativeService, NodePod
+from agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES, PODS, ResourceRef
+from agent.kube.settings import CnpgStatusSettings, KubeSettings, WatchSettings
+from agent.kube.sources import KubeSnapshot, KubeSources, node_pods_informer
+from agent.kube.watch import Informer
+
+__all__ = [
+    "CNPG_CLUSTERS",
+    "KNATIVE_SERVICES",
+    "PODS",
+    "CnpgCluster",
+    "CnpgStatusSettings",
+    "Informer",
+    "KnativeService",
+    "KubeSettings",
+    "KubeSnapshot",
+    "KubeSources",
+    "NodePod",
+    "ResourceRef",
+    "WatchEvent",
+    "WatchSettings",
+    "build_api_client",
+    "node_pods_informer",
+]

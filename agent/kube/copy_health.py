@@ -93,7 +93,11 @@ def service_status(slug: str, service: KnativeService | None) -> CopyStatus:
 
 def copy_status(slug: str, service: KnativeService | None, bindings: Iterable[BindingStatus] = ()) -> CopyStatus:
     """Health of the copy: the Service rules, then the data condition of its bindings."""
-    status = service_status(slug, service)
+    return with_data_condition(service_status(slug, service), bindings)
+
+
+def with_data_condition(status: CopyStatus, bindings: Iterable[BindingStatus]) -> CopyStatus:
+    """Apply the bindings' data condition to a Service-only status (Service problems come first)."""
     if not status.healthy:
         return status
     broken = [b for b in bindings if not b.streaming]
@@ -101,7 +105,7 @@ def copy_status(slug: str, service: KnativeService | None, bindings: Iterable[Bi
         return status
     detail = "; ".join(f"{b.namespace}/{b.name}: {b.detail or 'not streaming'}" for b in broken)
     return CopyStatus(
-        slug,
+        status.slug,
         False,
         CopyReason.DATA_NOT_STREAMING,
         detail,

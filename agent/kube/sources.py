@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.base.clock import Clock, SystemClock
 from agent.kube.cnpg_poller import CnpgStatusPoller
-from agent.kube.local_view import build_local_view
+from agent.kube.local_view import ServiceVerdicts, build_local_view
 from agent.kube.models import CnpgCluster, KnativeService, NodePod
 from agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES, PODS
 from agent.kube.settings import KubeSettings
@@ -58,6 +58,7 @@ class KubeSources:
         self.changed = asyncio.Event()
         """Set on every change a view rebuild could notice; the consumer clears it."""
         clock = clock or SystemClock()
+        self._verdicts = ServiceVerdicts()
         self.services: Informer[KnativeService] = Informer(
             api=api,
             resource=KNATIVE_SERVICES.in_namespace(settings.namespace),
@@ -114,6 +115,7 @@ class KubeSources:
             clusters_synced=self.clusters.synced.is_set() if self.clusters is not None else True,
             binding_statuses=self.cnpg.statuses if self.cnpg is not None else None,
             binding_label=self.settings.binding_label,
+            verdicts=self._verdicts,
         )
         synced = self.synced
         event_times = [i.last_event_at for i in informers if i.last_event_at is not None]

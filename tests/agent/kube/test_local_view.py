@@ -84,3 +84,25 @@ def test_bindings_join_copies_by_slug() -> None:
     assert view.copies["wiki"].reason is CopyReason.DATA_NOT_STREAMING  # bound but not polled yet
     assert [b.name for b in view.bindings] == ["blog-db", "shop-db", "wiki-db"]
     assert view.bindings[2].detail == "instance status not polled yet"
+
+
+def test_remembered_verdicts_give_the_same_answers_and_follow_changes() -> None:
+    from agent.kube.local_view import ServiceVerdicts
+
+    verdicts = ServiceVerdicts()
+    current = services(
+        knative_service("shop"),
+        knative_service("blog"),
+        knative_service("a", namespace="one", slug="wiki", traffic=[]),
+        knative_service("b", namespace="two", slug="wiki"),
+    )
+    first = build_local_view(services=current, services_synced=True, slug_label=LABEL, verdicts=verdicts)
+    assert first == build_local_view(services=current, services_synced=True, slug_label=LABEL)
+    assert first.copies["wiki"].namespace == "two"
+
+    current = dict(current)
+    current.update(services(knative_service("shop", traffic=[])))  # a new record object for shop
+    del current["projects/blog"]
+    second = build_local_view(services=current, services_synced=True, slug_label=LABEL, verdicts=verdicts)
+    assert second == build_local_view(services=current, services_synced=True, slug_label=LABEL)
+    assert second.copies["shop"].reason is CopyReason.ROUTE_NOT_READY and "blog" not in second.copies
