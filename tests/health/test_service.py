@@ -1,0 +1,50 @@
+"""HealthService: what the supervisor runs, in both modes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from agent.base.tasks import cancel_and_wait, create_guarded_task
+from health.feed import FeedSubscriber
+from health.service import HealthService
+from health.settings import HealthMode, HealthSettings
+from tests.conftest import wait_for
+from tests.health.helpers import copy, view
+
+
+async def test_in_process_serves_what_is_published() -> None:
+    settings = HealthSettings(listen_addresses=("127.0.0.1",), port=0)
+    service = HealthService(settings, region="sfo1", registry=CollectorRegistry())
+    assert service.publisher is None and service.listener is not None
+    task = create_guarded_task(service.run(), name="health")
+    try:
+        listener = service.listener
+        await wait_for(lambda: listener.addresses, message="listening")
+        host, port = listener.addresses[0]
+        service.publish(view([copy("shop")]))
+        async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/global-health/shop") as response:
+            assert (response.status, await response.text()) == (200, "ok")
+    finally:
+        await cancel_and_wait([task])
+    assert listener.addresses == []
+
+
+async def test_sidecar_mode_only_publishes(tmp_path: Path) -> None:
+    socket_path = tmp_path / "feed.sock"
+    settings = HealthSettings(mode=HealthMode.SIDECAR, feed_socket=socket_path, heartbeat_interval_seconds=0.05)
+    service = HealthService(settings, region="sfo1", registry=CollectorRegistry())
+    assert service.listener is None and service.publisher is not None
+    published = view([copy("shop")])
+    service.publish(published)
+    await service.start()
+    subscriber = FeedSubscriber(socket_path=socket_path, region="sfo1", stale_after=5.0, registry=CollectorRegistry())
+    follow = asyncio.get_running_loop().create_task(subscriber.run())
+    try:
+        await wait_for(lambda: subscriber.current()[0] == published, message="the view through the socket")
+    finally:
+        await cancel_and_wait([follow])
+        await service.stop()
