@@ -71,7 +71,9 @@ class AgentSettings(BaseSettings):
 
     @property
     def writer_id(self) -> str:
-        scope = "standalone" if self.zone_file is not None and not self.kubernetes else self.region
+        # With a zone file this agent is the whole system (it writes projects too); gossip
+        # and the control plane will give agents without one their narrower role.
+        scope = "standalone" if self.zone_file is not None else self.region
         return f"{scope}/{self.node}"
 
     @classmethod

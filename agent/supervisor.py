@@ -1,9 +1,14 @@
 """Builds the agent's components, starts them in dependency order, stops them in reverse.
 
 Start order: state (zone file) → DNS (tables compiled before the sockets open, so no query
-ever sees an empty zone) → health checks → health listener → background loops. A stop
-(SIGTERM, SIGINT) cancels the loops and closes sockets in reverse order within the
-shutdown budget. SIGHUP re-reads the zone file.
+ever sees an empty zone) → health listener → Kubernetes watches and health checks → the
+loops that connect them. A stop (SIGTERM, SIGINT) cancels the loops and closes sockets in
+reverse order within the shutdown budget. SIGHUP re-reads the zone file.
+
+Where copy health comes from: with ``kubernetes`` on, this region's copies are judged from
+the Knative watch cache (written into the store as owned by this region, so the zone sees a
+copy stop serving the moment the watch does); every other copy, and every copy in
+standalone mode, is judged by the HTTP checks.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from agent.checks.checker import Checker
 from agent.settings import AgentSettings
 from agent.state.hlc import HybridClock
 from agent.state.local import RegionView
+from agent.state.model import CopyHealth, copy_key
 from agent.state.store import Store
 from agent.zonefile import ZoneFileWatcher
 from globaldns.service import ZoneService
@@ -42,25 +48,42 @@ class Agent:
             self.zone_file = ZoneFileWatcher(settings.zone_file, self.store, self.registry,
                                              poll_interval=settings.zone_file_poll_interval)
         self.dns = ZoneService(settings.dns, self.store, self.registry)
-        self.checker = Checker(self.store, settings.checks.config(f"region-agent/{VERSION}"), self.registry)
+        self.checker = Checker(self.store, settings.checks.config(f"region-agent/{VERSION}"), self.registry,
+                               skip_region=settings.region if settings.kubernetes else None)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry)
+        self.kube: Any = None  # agent.kube.sources.KubeSources, imported only when used
+        self._kube_api: Any = None
+        self._local_slugs: set[str] = set()
+        self._kube_synced = asyncio.Event()
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop = asyncio.Event()
-        self.store.subscribe(lambda _changes: self._on_state_change())
+        self.store.subscribe(lambda _changes: self.checker.reconcile(self.store.snapshot()))
 
-    def _on_state_change(self) -> None:
-        self.checker.reconcile(self.store.snapshot())
+    # --- views --------------------------------------------------------------------------
 
     def region_view(self) -> RegionView:
         tables = self.dns.tables
         now = time.time()
-        ready = self.ready.is_set()
-        return RegionView(
-            region=self.settings.region, started_at=self.started_at, generated_at=now, synced=ready,
-            synced_at=now if ready else None, zone_serial=None if tables is None else tables.serial,
-            zone_digest=self.store.digest(),
-        )
+        common = {"region": self.settings.region, "started_at": self.started_at, "generated_at": now,
+                  "zone_serial": None if tables is None else tables.serial, "zone_digest": self.store.digest()}
+        if self.kube is None:
+            ready = self.ready.is_set()
+            return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
+        snap = self.kube.view()
+        return RegionView(synced=snap.synced, synced_at=snap.synced_at, last_event_at=snap.last_event_at,
+                          watch_errors=snap.watch_errors, copies=snap.copies, bindings=snap.bindings,
+                          **common)  # type: ignore[arg-type]
+
+    def zone_description(self) -> dict[str, Any]:
+        tables = self.dns.tables
+        return {
+            "zone": self.settings.dns.zone, "serial": None if tables is None else tables.serial,
+            "ready": self.ready.is_set(), "digest": self.store.digest(),
+            "records": [] if tables is None else list(tables.description),
+        }
+
+    # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
         if self.zone_file is not None:
@@ -68,18 +91,54 @@ class Agent:
         await self.dns.start()
         await self.health.start()
         self.health.publish(self.region_view())
-        self._tasks.append(create_guarded_task(self.checker.run(), name="health checks"))
-        self._tasks.append(create_guarded_task(self._publish_views(), name="view publisher"))
-        self._tasks.append(create_guarded_task(self._become_ready(), name="readiness"))
+        if self.settings.kubernetes:
+            await self._start_kube()
+        self._spawn(self.checker.run(), "health checks")
+        self._spawn(self._publish_views(), "view publisher")
+        self._spawn(self._become_ready(), "readiness")
         if self.zone_file is not None:
-            self._tasks.append(create_guarded_task(self.zone_file.run(), name="zone file watcher"))
+            self._spawn(self.zone_file.run(), "zone file watcher")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        self._tasks.append(create_guarded_task(coro, name=name))
+
+    async def _start_kube(self) -> None:
+        from agent.kube.client import build_api_client
+        from agent.kube.sources import KubeSources
+
+        self._kube_api = await build_api_client(self.settings.kube)
+        self.kube = KubeSources(api=self._kube_api, settings=self.settings.kube, registry=self.registry)
+        for name, coro in self.kube.runners().items():
+            self._spawn(coro, name)
+        self._spawn(self._follow_kube(), "local copy health")
+
+    async def _follow_kube(self) -> None:
+        """Write this region's copy health from the watch cache on every change."""
+        kube = self.kube
+        while True:
+            await kube.changed.wait()
+            kube.changed.clear()
+            snap = kube.view()
+            if snap.synced:  # before the first LIST we know nothing; unknown is not unhealthy
+                self._write_local_copies(snap.copies)
+                self._kube_synced.set()
+            self.health.publish(self.region_view())
+
+    def _write_local_copies(self, copies: dict[str, Any]) -> None:
+        region = self.settings.region
+        for slug, status in copies.items():
+            self.store.put(copy_key(slug, region), CopyHealth(status.healthy, status.reason.value))
+        for slug in self._local_slugs - copies.keys():
+            self.store.put(copy_key(slug, region), CopyHealth(False, "not-found"))
+        self._local_slugs = set(copies)
 
     async def _become_ready(self) -> None:
         await self.checker.first_round.wait()
+        if self.settings.kubernetes:
+            await self._kube_synced.wait()
         self.dns.set_health_known()
         self.ready.set()
-        logger.info("ready: zone serial %s, first health round done",
-                    self.dns.tables.serial if self.dns.tables else None)
+        logger.info("ready: zone serial %s", self.dns.tables.serial if self.dns.tables else None)
         self.health.publish(self.region_view())
         await asyncio.Event().wait()
 
@@ -95,6 +154,8 @@ class Agent:
         with contextlib.suppress(Exception):
             await self.health.stop()
         await self.dns.stop()
+        if self._kube_api is not None:
+            await self._kube_api.close()
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -45,14 +45,19 @@ class CheckConfig:
 CopyId = tuple[str, str]  # (slug, region)
 
 
-def plan_targets(snapshot: Snapshot, config: CheckConfig) -> dict[CheckTarget, set[CopyId]]:
-    """Every (address, URL) to check and the copies whose health it decides (pure)."""
+def plan_targets(snapshot: Snapshot, config: CheckConfig, *, skip_region: str | None = None
+                 ) -> dict[CheckTarget, set[CopyId]]:
+    """Every (address, URL) to check and the copies whose health it decides (pure).
+
+    ``skip_region`` is this agent's own region when its copies' health comes from the
+    Kubernetes watch, which knows sooner and better than an HTTP check.
+    """
     plan: dict[CheckTarget, set[CopyId]] = {}
     for slug, project in snapshot.projects.items():
         path = config.path.format(slug=slug)
         for region_name in project.regions:
             region = snapshot.regions.get(region_name)
-            if region is None:
+            if region is None or region_name == skip_region:
                 continue
             for address in region.ipv4 + region.ipv6:
                 target = CheckTarget(address, config.port, config.host_header(), path)
@@ -90,9 +95,11 @@ class CheckMetrics:
 
 
 class Checker:
-    def __init__(self, store: Store, config: CheckConfig, registry: CollectorRegistry) -> None:
+    def __init__(self, store: Store, config: CheckConfig, registry: CollectorRegistry, *,
+                 skip_region: str | None = None) -> None:
         self.store = store
         self.config = config
+        self.skip_region = skip_region
         self.metrics = CheckMetrics(registry)
         self.first_round = asyncio.Event()
         self.states: dict[CheckTarget, TargetState] = {}
@@ -120,7 +127,7 @@ class Checker:
         """Start loops for new targets and stop those no record uses any more."""
         if self._session is None:
             return
-        plan = plan_targets(snapshot, self.config)
+        plan = plan_targets(snapshot, self.config, skip_region=self.skip_region)
         for target in list(self._tasks):
             if target not in plan:
                 self._tasks.pop(target).cancel()
