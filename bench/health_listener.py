@@ -224,6 +224,7 @@ class Result:
     wrk_non_2xx: int = 0
     fixed_rate: dict[str, object] = field(default_factory=dict)
     server_rss_mb: float = 0.0
+    server_cpu_us_per_request: float = 0.0  # CPU time of the answering process / requests: robust to noise
 
 
 def _free_port() -> int:
@@ -268,6 +269,11 @@ def _wait_ready(port: int, path: str, proc: subprocess.Popen[bytes], deadline_s:
             pass
         time.sleep(0.05)  # a bench, not a test: polling a child process for readiness
     raise RuntimeError(f"server on port {port} not ready within {deadline_s} s")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _rss_mb(pid: int) -> float:
@@ -388,7 +394,10 @@ def _measure(mode: str, opts: argparse.Namespace, tmp: Path) -> Result:
             )
             ready = "/readyz"
         _wait_ready(port, ready, server)
+        cpu_before = _cpu_seconds(server.pid)
         rps, latency, non_2xx, command = _wrk(port, path, opts.duration, opts.connections)
+        cpu_used = _cpu_seconds(server.pid) - cpu_before
+        result.server_cpu_us_per_request = round(cpu_used / (rps * opts.duration) * 1e6, 1)
         print(f"[{mode}] {command}", file=sys.stderr)
         result.wrk_requests_per_second, result.wrk_latency_ms, result.wrk_non_2xx = rps, latency, non_2xx
         result.fixed_rate = _fixed_rate_in_child(port, path, opts.rate, opts.rate_duration)
@@ -416,7 +425,7 @@ def main() -> int:
             results.append(_measure(mode, opts, Path(tmp)))
     print(
         f"{'mode':<11} {'req/s':>9} {'p50':>7} {'p90':>7} {'p99':>7} {'non2xx':>6} | "
-        f"{'rate':>6} {'p50':>7} {'p99':>7} {'p99.9':>7} {'p99*':>7} | {'RSS MB':>6}"
+        f"{'rate':>6} {'p50':>7} {'p99':>7} {'p99.9':>7} {'p99*':>7} | {'RSS MB':>6} {'cpu us/req':>10}"
     )
     for r in results:
         fr = r.fixed_rate
@@ -428,7 +437,8 @@ def main() -> int:
             f"{r.wrk_latency_ms.get('p90', 0):>7.2f} {r.wrk_latency_ms.get('p99', 0):>7.2f} "
             f"{r.wrk_non_2xx:>6} | "
             f"{fr.get('achieved_rate', 0):>6} {send.get('p50', 0):>7.2f} {send.get('p99', 0):>7.2f} "
-            f"{send.get('p99.9', 0):>7.2f} {sched.get('p99', 0):>7.2f} | {r.server_rss_mb:>6}"
+            f"{send.get('p99.9', 0):>7.2f} {sched.get('p99', 0):>7.2f} | {r.server_rss_mb:>6} "
+            f"{r.server_cpu_us_per_request:>10}"
         )
     print("latencies in ms; p99* = p99 from the scheduled send time (includes the generator's lateness)")
     if opts.json:
