@@ -51,22 +51,25 @@ Algorithm
 
 Bounds
 ------
-* Warm call (answer cached for the client's /24 or /48 and candidate set): one dict lookup,
-  about 1 µs. Cache miss with the memo warm: one walk plus one O(1) test per widened level,
-  about 5-10 µs (IPv4 ≤ 32 levels, IPv6 ≤ 128).
+* Warm call (answer cached for the client's /24 or /48 — or its exact address when the
+  database splits that /24 or /48 — and candidate set): one or two dict lookups, about 1-2 µs.
+  Cache miss with the memo warm: one walk plus one O(1) test per widened level, about 10-20 µs
+  (IPv4 ≤ 32 levels, IPv6 ≤ 128; plus a record decode, ~10 µs, when the client's record is not
+  in the decoded-record cache).
 * Cold call: the searches of one call share ``work_budget`` units (default 2,000): one per
   tree node entered or probed, ``LEAF_COST`` (10) per record decoded; a unit is about 1 µs of
   CPU, so a call costs at most about ``budget + LEAF_COST`` units, 2-4 ms. Before a full search
   a sibling is probed down three single paths, which rejects most non-uniform siblings in
   O(depth). When the budget runs out the call answers the scope proven so far — narrower,
-  never wrong — and does not cache that answer; the work already done stays memoized, so later
-  calls near the same client go on from there. :meth:`ProximityMap.warm` does all the work
-  ahead, in slices, if exact scopes are wanted from the first query.
+  never wrong — and caches it like any answer; the work already done stays memoized, so later
+  calls for other clients nearby go on from there. :meth:`ProximityMap.warm` does all the work
+  ahead, in slices (about 11 s of CPU for GeoLite2-City), after which every scope is exact and
+  answers cut short before are dropped from the cache.
 * Memory: the tree as two ``array('I')`` (8 bytes per node, in :class:`GeoDatabase`), the memo
   (4 bytes per node), direct-mapped caches of decoded records and of places (fixed arrays,
-  about 3.5 MB), interned summaries (at most ``MAX_SUMMARIES``; 2.7 k for GeoLite2-City and six
+  9 MB), interned summaries (at most ``MAX_SUMMARIES``; 2.7 k for GeoLite2-City and six
   sites), and the answer cache (at most ``cache_entries``, cleared when full). For
-  GeoLite2-City (3.6 M nodes): about 29 MB + 14 MB + 3.5 MB. Nothing grows with the number of
+  GeoLite2-City (3.6 M nodes): about 29 MB + 14 MB + 9 MB. Nothing grows with the number of
   distinct clients beyond those caps.
 
 Not thread-safe: call a map from one thread (the event loop). Pure: no I/O after ``open``.
@@ -196,7 +199,7 @@ class ProximityMap:
     DEFAULT_WORK_BUDGET: Final = 2000
     LEAF_COST: Final = 10
     MAX_SUMMARIES: Final = 1 << 20
-    LEAF_SLOTS: Final = 1 << 18
+    LEAF_SLOTS: Final = 1 << 20
     PLACE_SLOTS: Final = 1 << 16
     MAX_MASKS: Final = 4096
     MAX_REQUIREMENTS: Final = 1 << 16
@@ -249,6 +252,7 @@ class ProximityMap:
         self._masks: dict[frozenset[str], int] = {}
         self._requirements: dict[tuple[int, int, int], tuple[object, int, int]] = {}
         self._results: dict[tuple[int, int, int, int], tuple[object, int]] = {}
+        self._provisional = False  # the answer cache holds scopes cut short by the budget
         self._work = 0
         self._must = 0
         self._required = 0
@@ -321,7 +325,15 @@ class ProximityMap:
         finally:
             used = work - self._work
             self.stats.work += used
+        if self._provisional:  # answers cut short by the budget: recompute them exactly
+            self._results.clear()
+            self._provisional = False
         return bool(self._memo[0])
+
+    @property
+    def exact(self) -> bool:
+        """Whether every subtree is summarised, so that every scope is the widest (see warm)."""
+        return self._tree is None or self._count < 2 or bool(self._memo[0])
 
     # -- the hot path ---------------------------------------------------------------------------
 
@@ -375,16 +387,27 @@ class ProximityMap:
             start = 0
             key = (6, value >> 80, mask, mode)
             cacheable_depth = 48 if floor <= 48 else -1
-        cached = self._results.get(key)
+        results = self._results
+        cached = results.get(key)
+        if cached is None:
+            # a client in a network narrower than the /24 (/48) is cached by its own address
+            cached = results.get((key[0] + 1, value, mask, mode))
         if cached is not None:
             stats.cache_hits += 1
             return cached[0], cached[1] + offset
         result, scope, depth, complete = self._solve(value, bits, start, mask, mode)
         scope = max(scope, floor)
-        if complete and depth <= cacheable_depth:
-            if len(self._results) >= self._cache_entries:
-                self._results.clear()
-            self._results[key] = (result, scope)
+        # A scope cut short by the budget is cached too (it is correct, only narrower), so a
+        # client pays for the search once; warm() completing drops such answers.
+        if len(results) >= self._cache_entries:
+            results.clear()
+            self._provisional = False
+        if depth <= cacheable_depth:
+            results[key] = (result, scope)
+        else:
+            results[(key[0] + 1, value, mask, mode)] = (result, scope)
+        if not complete:
+            self._provisional = True
         return result, scope + offset
 
     def _solve(self, value: int, bits: int, start: int, mask: int, mode: int) -> tuple[object, int, int, bool]:

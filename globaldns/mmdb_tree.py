@@ -134,6 +134,10 @@ class SearchTree:
         self._keys: dict[int, bytes] = {}
         self._places: dict[int, tuple[float, float] | None] = {}
         self.left, self.right = _split_records(mm, metadata.node_count, metadata.record_size)
+        # The tree is read from the arrays from now on: let the kernel drop its mapped pages.
+        page = mmap.PAGESIZE
+        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED") and tree_size >= page:
+            mm.madvise(mmap.MADV_DONTNEED, 0, tree_size - tree_size % page)
         n = self.node_count
         highest = max(max(self.left, default=0), max(self.right, default=0))
         if highest > n and highest - n + tree_size >= data_end:
