@@ -104,6 +104,10 @@ class FeedPublisher:
             "region_agent_health_publisher_encode_seconds", "Time to encode one snapshot or delta.",
             buckets=_ENCODE_BUCKETS, registry=registry,
         )
+        self._m_encode_errors = Counter(
+            "region_agent_health_publisher_encode_errors", "Views that could not be encoded (not sent).",
+            registry=registry,
+        )
         self._m_last = Gauge(
             "region_agent_health_publisher_last_send_timestamp_seconds",
             "Wall time of the last message (change or heartbeat) written to the feed.", registry=registry,
@@ -225,18 +229,27 @@ class FeedPublisher:
             changed.clear()
             view = self._latest
             if view is not None and view is not self._sent:
-                self._seq += 1
-                if self._subscribers:
-                    started = time.perf_counter()
-                    if self._sent is None:
-                        line, kind = encode_snapshot(view, self._seq), "snapshot"
-                    else:
-                        line, kind = encode_delta(self._sent, view, self._seq), "delta"
-                    self._m_encode.observe(time.perf_counter() - started)
-                    self._write_all(line, kind)
-                self._sent = view
+                try:
+                    self._send_change(view)
+                except (TypeError, ValueError):
+                    # A view that can not be encoded (a bug in its producer): keep serving the
+                    # last good one; the sidecars' answers go stale if this persists.
+                    self._log.exception("health feed: can not encode the view; not sent")
+                    self._m_encode_errors.inc()
             if self._min_interval > 0:
                 await asyncio.sleep(self._min_interval)  # coalescing window: latest wins
+
+    def _send_change(self, view: RegionView) -> None:
+        self._seq += 1
+        if self._subscribers:
+            started = time.perf_counter()
+            if self._sent is None:
+                line, kind = encode_snapshot(view, self._seq), "snapshot"
+            else:
+                line, kind = encode_delta(self._sent, view, self._seq), "delta"
+            self._m_encode.observe(time.perf_counter() - started)
+            self._write_all(line, kind)
+        self._sent = view
 
     async def _heartbeats(self) -> None:
         while True:

@@ -261,3 +261,16 @@ async def test_publisher_replaces_a_stale_socket_file_and_removes_its_own(
 
 def test_heartbeat_lines_are_tiny() -> None:
     assert len(encode_heartbeat(123456)) < 64
+
+
+async def test_a_view_that_can_not_be_encoded_is_skipped_and_the_feed_goes_on(
+    publishers: Callable[..., Awaitable[FeedPublisher]], sub: Sub, caplog: pytest.LogCaptureFixture
+) -> None:
+    publisher = await publishers()
+    publisher.publish(V1)
+    await wait_for(lambda: sub.view() == V1)
+    publisher.publish(dataclasses.replace(V1, zone_digest=object()))  # type: ignore[arg-type]
+    await wait_for(lambda: "can not encode the view" in caplog.text, message="the encoding error logged")
+    v3 = dataclasses.replace(V1, zone_serial=3)
+    publisher.publish(v3)
+    await wait_for(lambda: sub.view() == v3, message="the next good view")
