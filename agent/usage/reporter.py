@@ -59,7 +59,7 @@ class TokenSource:
     """The bearer token: the secret file if configured (re-read when its mtime changes), else inline."""
 
     def __init__(self, settings: UsageSettings) -> None:
-        self._file = settings.token_file
+        self._file = settings.token_file or None  # "" from the environment means "no file"
         self._inline = settings.token.get_secret_value() if settings.token is not None else None
         self._mtime: float | None = None
         self._cached: str | None = None

@@ -18,6 +18,7 @@ Invariants the whole design rests on, enforced here and nowhere else:
 * Times only come from the pod (``startedAt``, ``finishedAt``, ``deletionTimestamp``) or from
   the caller's ``now``; an end is clamped into ``[billed_to, now]`` because seconds already
   billed can not be taken back (the over-billing this allows is bounded by the event delay).
+  Nothing is billed past a pod's ``deletionTimestamp`` (the end of its grace period).
 
 The methods return a :class:`Change` (slices to spool and ledger rows to write, atomically) and
 keep the in-memory ledgers in step; the caller persists the change before anything is reported.
@@ -270,9 +271,10 @@ class SessionBook:
     def _cut(self, led: Ledger, now: int, change: Change, *, size: Size | None = None) -> Ledger:
         session = led.session
         assert session is not None
-        if now > led.billed_to:
-            change.slices.append(Slice(led.identity, session.size, session.start, led.billed_to, now))
-            led = replace(led, billed_to=now)
+        until = _billable_until(led, now)
+        if until > led.billed_to:
+            change.slices.append(Slice(led.identity, session.size, session.start, led.billed_to, until))
+            led = replace(led, billed_to=until)
         if size is not None:
             led = replace(led, session=replace(session, size=size))
         change.ledgers[led.identity.uid] = led
@@ -281,7 +283,7 @@ class SessionBook:
     def _close(self, led: Ledger, end: int, reason: EndReason, now: int, change: Change) -> Ledger:
         session = led.session
         assert session is not None
-        end = max(led.billed_to, min(end, max(now, led.billed_to)))
+        end = max(led.billed_to, min(end, _billable_until(led, now)))
         if end > led.billed_to:
             change.slices.append(Slice(led.identity, session.size, session.start, led.billed_to, end,
                                        final=True, end_reason=reason))
@@ -289,3 +291,13 @@ class SessionBook:
         change.ledgers[led.identity.uid] = led
         change.closed.append(reason)
         return led
+
+
+def _billable_until(led: Ledger, now: int) -> int:
+    """Billing never runs ahead of ``now``, nor past the pod's deletion deadline.
+
+    ``deletionTimestamp`` is the end of the grace period: the kubelet has killed the containers
+    by then, so a status still saying "running" after it is stale (a lost node, a kubelet that
+    stopped reporting) and the time after it is not billed.
+    """
+    return now if led.deletion_at is None else min(now, led.deletion_at)

@@ -77,6 +77,14 @@ CASES = [
         ("delete", 166, pod(phase="Running", statuses=[terminated(163), terminated(165)], deletion=170)),
     ], [(100, 160, False, None), (160, 165, True, T.TERMINATED)]),
 
+    Case("terminating-pod-is-billed-up-to-its-deletion-deadline-at-most", [
+        ("see", 101, up(100)),
+        ("see", 140, up(100, deletion=150)),  # status keeps saying running (kubelet gone quiet)
+        ("tick", 160, None),
+        ("tick", 220, None),
+        ("delete", 300, up(100, deletion=150)),
+    ], [(100, 150, False, None)]),
+
     Case("force-delete-while-status-says-running", [
         ("see", 101, up(100)),
         ("delete", 185, up(100, deletion=180)),
