@@ -50,7 +50,8 @@ class Agent:
         self.dns = ZoneService(settings.dns, self.store, self.registry)
         self.checker = Checker(self.store, settings.checks.config(f"region-agent/{VERSION}"), self.registry,
                                skip_region=settings.region if settings.kubernetes else None)
-        self.health = HealthService(settings.health, region=settings.region, registry=self.registry)
+        self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
+                                    documents={"/zone": self.zone_description})
         self.kube: Any = None  # agent.kube.sources.KubeSources, imported only when used
         self._kube_api: Any = None
         self._local_slugs: set[str] = set()

@@ -17,7 +17,7 @@ import asyncio
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -60,8 +60,11 @@ class HealthListener:
         registry: CollectorRegistry,
         clock: Clock | None = None,
         logger: logging.Logger | None = None,
+        documents: Mapping[str, Callable[[], object]] | None = None,
     ) -> None:
+        """``documents`` adds read-only JSON endpoints (path → provider), e.g. the agent's ``/zone``."""
         self._region = region_name(region)
+        self._documents = dict(documents or {})
         self._source = as_source(source)
         self._settings = settings
         self._registry = registry
@@ -157,6 +160,8 @@ class HealthListener:
         path = request.path
         method = request.method
         kind = "global-health" if path.startswith(_GLOBAL) else _FIXED_KINDS.get(path, "other")
+        if kind == "other" and path in self._documents:
+            kind = "document"
         try:
             if method not in _METHODS:
                 answer = views.method_not_allowed(region=self._region, request_id=request_id)
@@ -200,6 +205,8 @@ class HealthListener:
         if kind == "metrics":
             return views.metrics(generate_latest(self._registry), CONTENT_TYPE_LATEST,
                                  region=region, request_id=request_id)
+        if kind == "document":
+            return views.document(self._documents[path](), region=region, request_id=request_id)
         return views.not_found(region=region, request_id=request_id)
 
     def _counts(self, view: RegionView | None) -> CopyCounts:

@@ -21,7 +21,7 @@ from health.views import CopyCounts, Freshness
 __all__ = ["KINDS", "LATENCY_BOUNDS", "RequestStats", "ViewCollector"]
 
 # Path kinds, the only values of the `kind` label (a bounded set: never the raw path).
-KINDS = ("global-health", "region", "livez", "readyz", "metrics", "other")
+KINDS = ("global-health", "region", "livez", "readyz", "metrics", "document", "other")
 # Handler latency is tens of microseconds; the upper buckets catch a stalled loop.
 LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 

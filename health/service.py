@@ -12,6 +12,7 @@ guarded task and calls :meth:`HealthService.publish` with every new :class:`Regi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -33,38 +34,38 @@ class HealthService:
         region: str,
         registry: CollectorRegistry,
         clock: Clock | None = None,
+        documents: Mapping[str, Callable[[], object]] | None = None,
     ) -> None:
+        """``documents``: extra JSON endpoints of the agent's listener (path → provider)."""
         self.settings = settings
-        self.holder: ViewHolder | None = None
-        self.listener: HealthListener | None = None
+        self.holder = ViewHolder()
         self.publisher: FeedPublisher | None = None
-        if settings.mode is HealthMode.IN_PROCESS:
-            self.holder = ViewHolder()
-            self.listener = HealthListener(
-                region=region, source=self.holder, settings=settings, registry=registry, clock=clock
-            )
-        else:
+        listener_settings = settings
+        if settings.mode is HealthMode.SIDECAR:
+            # The sidecar answers on `port`; the agent keeps its metrics and probes on `agent_port`.
             self.publisher = FeedPublisher.from_settings(settings, registry=registry)
+            listener_settings = settings.model_copy(update={"port": settings.agent_port})
+        self.listener = HealthListener(
+            region=region, source=self.holder, settings=listener_settings, registry=registry, clock=clock,
+            documents=documents,
+        )
 
     def publish(self, view: RegionView) -> None:
         """Hand over a new view; never blocks. Call on every change of the local view."""
-        if self.holder is not None:
-            self.holder.set(view)
+        self.holder.set(view)
         if self.publisher is not None:
             self.publisher.publish(view)
 
     async def start(self) -> None:
         """Bind the listener (in-process) or the feed socket (sidecar); raises on failure."""
-        if self.listener is not None:
-            await self.listener.start()
+        await self.listener.start()
         if self.publisher is not None:
             await self.publisher.start()
 
     async def stop(self) -> None:
         if self.publisher is not None:
             await self.publisher.stop()
-        if self.listener is not None:
-            await self.listener.stop()
+        await self.listener.stop()
 
     async def run(self) -> None:
         """Start, serve until cancelled, stop (for ``create_guarded_task``)."""

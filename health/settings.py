@@ -51,6 +51,15 @@ class HealthSettings(BaseModel):
         le=65535,
         description="TCP port of the listener; 0 picks a free one (tests, benches).",
     )
+    agent_port: int = Field(
+        default=8087,
+        ge=0,
+        le=65535,
+        description=(
+            "Sidecar mode only: the agent's own listener (/metrics with the DNS metrics, /readyz, "
+            "/livez, /zone), since the sidecar owns `port`. In-process mode serves all of it on `port`."
+        ),
+    )
     require_all_addresses: bool = Field(
         default=False,
         description=(

@@ -303,6 +303,11 @@ def metrics(body: bytes, content_type: str, *, region: str, request_id: str) -> 
     return Answer(200, body, _base_headers(region, request_id, content_type))
 
 
+def document(data: object, *, region: str, request_id: str) -> Answer:
+    """A read-only JSON document another component serves on this port (``/zone``)."""
+    return Answer(200, json.dumps(data, default=str).encode(), _base_headers(region, request_id, JSON))
+
+
 def not_found(*, region: str, request_id: str) -> Answer:
     return Answer(404, b"no such path", _base_headers(region, request_id, TEXT))
 

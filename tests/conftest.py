@@ -6,13 +6,25 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
 
+@overload
 async def wait_for(
-    condition: Callable[[], T | Awaitable[T]],
+    condition: Callable[[], Awaitable[T]], *, timeout: float = ..., interval: float = ..., message: str = ...
+) -> T: ...
+
+
+@overload
+async def wait_for(
+    condition: Callable[[], T], *, timeout: float = ..., interval: float = ..., message: str = ...
+) -> T: ...
+
+
+async def wait_for(
+    condition: Callable[[], Any],
     *,
     timeout: float = 5.0,
     interval: float = 0.01,
@@ -23,14 +35,14 @@ async def wait_for(
     Returns the truthy value so a test can assert on what it waited for.
     """
     deadline = time.monotonic() + timeout
-    last: T | None = None
+    last: Any = None
     while True:
         result = condition()
         if inspect.isawaitable(result):
             result = await result
         last = result
         if result:
-            return result
+            return result  # type: ignore[no-any-return]
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {message}; last value {last!r}")
         await asyncio.sleep(interval)

@@ -48,6 +48,8 @@ async def probe(session: aiohttp.ClientSession, target: CheckTarget, *, timeout:
                 body = await response.content.read(MAX_BODY)
     except TimeoutError:
         return False, f"timeout after {timeout:g} s"
+    except aiohttp.ClientConnectorError as exc:
+        return False, f"connect: {exc.os_error.strerror or exc.os_error}"[:200]
     except aiohttp.ClientError as exc:
         return False, f"{type(exc).__name__}: {exc}"[:200]
     except OSError as exc:

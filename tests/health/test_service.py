@@ -19,7 +19,7 @@ from tests.health.helpers import copy, view
 async def test_in_process_serves_what_is_published() -> None:
     settings = HealthSettings(listen_addresses=("127.0.0.1",), port=0)
     service = HealthService(settings, region="sfo1", registry=CollectorRegistry())
-    assert service.publisher is None and service.listener is not None
+    assert service.publisher is None
     task = create_guarded_task(service.run(), name="health")
     try:
         listener = service.listener
@@ -33,11 +33,13 @@ async def test_in_process_serves_what_is_published() -> None:
     assert listener.addresses == []
 
 
-async def test_sidecar_mode_only_publishes(tmp_path: Path) -> None:
+async def test_sidecar_mode_publishes_and_keeps_its_own_port(tmp_path: Path) -> None:
     socket_path = tmp_path / "feed.sock"
-    settings = HealthSettings(mode=HealthMode.SIDECAR, feed_socket=socket_path, heartbeat_interval_seconds=0.05)
-    service = HealthService(settings, region="sfo1", registry=CollectorRegistry())
-    assert service.listener is None and service.publisher is not None
+    settings = HealthSettings(mode=HealthMode.SIDECAR, feed_socket=socket_path, heartbeat_interval_seconds=0.05,
+                              listen_addresses=("127.0.0.1",), port=8086, agent_port=0)
+    service = HealthService(settings, region="sfo1", registry=CollectorRegistry(),
+                            documents={"/zone": lambda: {"serial": 7}})
+    assert service.publisher is not None
     published = view([copy("shop")])
     service.publish(published)
     await service.start()
@@ -45,6 +47,10 @@ async def test_sidecar_mode_only_publishes(tmp_path: Path) -> None:
     follow = asyncio.get_running_loop().create_task(subscriber.run())
     try:
         await wait_for(lambda: subscriber.current()[0] == published, message="the view through the socket")
+        (host, port), = service.listener.addresses  # the agent's own port, not the sidecar's 8086
+        assert port != 8086
+        async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/zone") as response:
+            assert (response.status, await response.json()) == (200, {"serial": 7})
     finally:
         await cancel_and_wait([follow])
         await service.stop()
