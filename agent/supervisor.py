@@ -26,7 +26,7 @@ from agent.base.tasks import cancel_and_wait, create_guarded_task
 from agent.checks.checker import Checker
 from agent.settings import AgentSettings
 from agent.state.hlc import HybridClock
-from agent.state.local import RegionView
+from agent.state.local import CopyReason, CopyStatus, RegionView
 from agent.state.model import CopyHealth, copy_key
 from agent.state.store import Store
 from agent.zonefile import ZoneFileWatcher
@@ -73,8 +73,21 @@ class Agent:
             return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
         snap = self.kube.view()
         return RegionView(synced=snap.synced, synced_at=snap.synced_at, last_event_at=snap.last_event_at,
-                          watch_errors=snap.watch_errors, copies=snap.copies, bindings=snap.bindings,
-                          **common)  # type: ignore[arg-type]
+                          watch_errors=snap.watch_errors, copies=self._expected_copies(snap.copies),
+                          bindings=snap.bindings, **common)  # type: ignore[arg-type]
+
+    def _expected_copies(self, copies: dict[str, CopyStatus]) -> dict[str, CopyStatus]:
+        """The watched copies, plus a not-found entry for every project that should have one here.
+
+        So ``/global-health/<slug>`` answers 503 ``not-found`` for a project of this region
+        whose Service is missing, and 404 only for a slug nobody ever declared.
+        """
+        region = self.settings.region
+        missing = {slug: CopyStatus(slug, False, CopyReason.NOT_FOUND,
+                                    f"no Knative Service of project {slug} in region {region}")
+                   for slug, project in self.store.snapshot().projects.items()
+                   if region in project.regions and slug not in copies}
+        return {**copies, **missing} if missing else copies
 
     def zone_description(self) -> dict[str, Any]:
         tables = self.dns.tables

@@ -1,0 +1,134 @@
+"""The whole agent in Kubernetes mode against a fake API server speaking the real protocol.
+
+This region's copy health comes from the Knative watch and goes straight into the DNS
+answers and the /global-health listener; the other region's copy is HTTP-checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import dns.asyncquery
+import dns.message
+import pytest
+
+from agent.demo import FakeCopy
+from agent.kube.resources import KNATIVE_SERVICES
+from agent.settings import AgentSettings
+from agent.supervisor import Agent
+from tests.conftest import wait_for
+from tests.fakes.kube_api import FakeKubeApi
+from tests.fakes.kube_objects import knative_service
+
+ZONE_FILE = """
+regions:
+  sfo1: {ipv4: [127.0.0.31], ns_ipv4: [127.0.0.1]}
+  ams1: {ipv4: [127.0.0.32], ns_ipv4: [127.0.0.1]}
+projects:
+  shop: {regions: [sfo1, ams1], primary: sfo1}
+"""
+
+
+def _kubeconfig(path: Path, url: str) -> Path:
+    path.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{url}"}}}}]
+users: [{{name: agent, user: {{token: test-token}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: agent}}}}]
+current-context: fake
+""")
+    return path
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeKubeApi, Agent, FakeCopy]]:
+    api = FakeKubeApi()
+    url = await api.start()
+    backup = FakeCopy("127.0.0.32", 0)
+    await backup.start()
+    assert backup.runner is not None
+    backup.port = int(backup.runner.addresses[0][1])
+    zone = tmp_path / "zone.yaml"
+    zone.write_text(ZONE_FILE)
+    settings = AgentSettings(
+        region="sfo1", node="node-a", zone_file=zone, kubernetes=True,
+        dns={"zone": "g.example.com", "listen_addresses": ["127.0.0.1"], "port": 0},  # type: ignore[arg-type]
+        checks={"host": "runr-health.g.example.com", "port": backup.port, "interval": 0.3,  # type: ignore[arg-type]
+                "timeout": 0.3},
+        health={"listen_addresses": ["127.0.0.1"], "port": 0},  # type: ignore[arg-type]
+        kube={"config": "kubeconfig", "kubeconfig": str(_kubeconfig(tmp_path / "kubeconfig", url)),  # type: ignore[arg-type]
+              "cnpg": {"enabled": False}},
+    )
+    api.put(KNATIVE_SERVICES, knative_service("shop", slug="shop"))
+    agent = Agent(settings)
+    await agent.start()
+    try:
+        yield api, agent, backup
+    finally:
+        await agent.stop()
+        await backup.stop()
+        await api.close()
+
+
+async def _answer(agent: Agent) -> set[str]:
+    port = agent.dns.server.bound[0][1]
+    response = await dns.asyncquery.udp(dns.message.make_query("shop.g.example.com", "A"), "127.0.0.1", port=port,
+                                        timeout=2)
+    return {r.to_text() for rrset in response.answer for r in rrset}
+
+
+async def _global_health(agent: Agent) -> tuple[int, str]:
+    host, port = agent.health.listener.addresses[0]
+    async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/global-health/shop") as response:
+        return response.status, await response.text()
+
+
+async def test_local_copy_health_drives_dns_and_the_listener(world: tuple[FakeKubeApi, Agent, FakeCopy]) -> None:
+    api, agent, _backup = world
+    await asyncio.wait_for(agent.ready.wait(), 10)
+    assert await _answer(agent) == {"127.0.0.31"}
+    assert await _global_health(agent) == (200, "ok")
+
+    # The new route is not ready: this region's copy stops serving; DNS fails over at once.
+    api.put(KNATIVE_SERVICES, knative_service("shop", slug="shop", ready="False", routes_ready="False",
+                                              routes_reason="IngressNotConfigured", traffic=[]))
+    await wait_for(lambda: _answer(agent), timeout=5, message="an answer")
+    answer = await wait_for(
+        lambda: _answer_if(agent, {"127.0.0.32"}), timeout=5, message="failover to ams1")
+    assert answer
+    status, body = await _global_health(agent)
+    assert status == 503 and "route-not-ready" in body
+
+    # Deleted: not-found here, still served from ams1.
+    api.delete(KNATIVE_SERVICES, "projects", "shop")
+    await wait_for(lambda: _health_if(agent, 503, "not-found"), timeout=5, message="not-found")
+    assert await _answer(agent) == {"127.0.0.32"}
+
+    # Back: the primary region answers again.
+    api.put(KNATIVE_SERVICES, knative_service("shop", slug="shop"))
+    assert await wait_for(lambda: _answer_if(agent, {"127.0.0.31"}), timeout=5, message="back to sfo1")
+
+
+async def _answer_if(agent: Agent, expected: set[str]) -> bool:
+    return await _answer(agent) == expected
+
+
+async def _health_if(agent: Agent, status: int, word: str) -> bool:
+    got_status, body = await _global_health(agent)
+    return got_status == status and word in body
+
+
+async def test_not_ready_until_the_watch_has_listed(world: tuple[FakeKubeApi, Agent, FakeCopy]) -> None:
+    _api, agent, _backup = world
+    await asyncio.wait_for(agent.ready.wait(), 10)
+    host, port = agent.health.listener.addresses[0]
+    async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/readyz") as response:
+        assert response.status == 200
+    async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/zone") as response:
+        zone = await response.json()
+    (shop,) = [r for r in zone["records"] if r.get("type") == "project"]
+    assert {t["region"]: t["health"] for t in shop["targets"]} == {"sfo1": "healthy", "ams1": "healthy"}
