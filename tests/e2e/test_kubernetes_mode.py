@@ -56,11 +56,11 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeKubeApi, Agent, FakeC
     zone.write_text(ZONE_FILE)
     settings = AgentSettings(
         region="sfo1", node="node-a", zone_file=zone, kubernetes=True,
-        dns={"zone": "g.example.com", "listen_addresses": ["127.0.0.1"], "port": 0},  # type: ignore[arg-type]
-        checks={"host": "runr-health.g.example.com", "port": backup.port, "interval": 0.3,  # type: ignore[arg-type]
+        dns={"zone": "g.example.com", "listen_addresses": ["127.0.0.1"], "port": 0},
+        checks={"host": "runr-health.g.example.com", "port": backup.port, "interval": 0.3,
                 "timeout": 0.3},
-        health={"listen_addresses": ["127.0.0.1"], "port": 0},  # type: ignore[arg-type]
-        kube={"config": "kubeconfig", "kubeconfig": str(_kubeconfig(tmp_path / "kubeconfig", url)),  # type: ignore[arg-type]
+        health={"listen_addresses": ["127.0.0.1"], "port": 0},
+        kube={"config": "kubeconfig", "kubeconfig": str(_kubeconfig(tmp_path / "kubeconfig", url)),
               "cnpg": {"enabled": False}},
     )
     api.put(KNATIVE_SERVICES, knative_service("shop", slug="shop"))
