@@ -1,0 +1,161 @@
+"""``region-agent run`` as a real process: start-up, answers, reloads, CLI, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import dns.asyncquery
+import dns.message
+import pytest
+
+from agent.demo import FakeCopy
+from tests.conftest import wait_for
+
+ZONE = """
+regions:
+  sfo1: {ipv4: [127.0.0.41], ns_ipv4: [127.0.0.1]}
+  ams1: {ipv4: [127.0.0.42], ns_ipv4: [127.0.0.1]}
+projects:
+  shop: {regions: [sfo1, ams1], primary: sfo1}
+"""
+
+
+def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen[bytes]
+    dns_port: int
+    http_port: int
+    zone: Path
+    copies: dict[str, FakeCopy]
+    log: Path
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[Running]:
+    copies = {"sfo1": FakeCopy("127.0.0.41", 0), "ams1": FakeCopy("127.0.0.42", 0)}
+    await copies["sfo1"].start()
+    assert copies["sfo1"].runner is not None
+    check_port = int(copies["sfo1"].runner.addresses[0][1])
+    copies["ams1"].port = check_port
+    await copies["ams1"].start()
+    zone = tmp_path / "zone.yaml"
+    zone.write_text(ZONE)
+    dns_port, http_port = _free_port(), _free_port(socket.SOCK_STREAM)
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"""
+region: sfo1
+zone_file: zone.yaml
+zone_file_poll_interval: 0.2
+dns: {{zone: g.example.com, listen_addresses: [127.0.0.1], port: {dns_port}}}
+checks: {{host: runr-health.g.example.com, port: {check_port}, interval: 0.5, timeout: 0.4}}
+health: {{listen_addresses: [127.0.0.1], port: {http_port}}}
+""")
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], stdout=out,
+                                   stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    try:
+        yield Running(process, dns_port, http_port, zone, copies, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=5)
+        for copy in copies.values():
+            await copy.stop()
+
+
+async def _answer(agent: Running, name: str = "shop.g.example.com") -> set[str] | None:
+    try:
+        response = await dns.asyncquery.udp(dns.message.make_query(name, "A"), "127.0.0.1", port=agent.dns_port,
+                                            timeout=0.5)
+    except (TimeoutError, OSError):
+        return None
+    return {r.to_text() for rrset in response.answer for r in rrset}
+
+
+async def _get(agent: Running, path: str) -> tuple[int, str]:
+    try:
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://127.0.0.1:{agent.http_port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return r.status, await r.text()
+    except aiohttp.ClientError:
+        return 0, ""
+
+
+async def _ready(agent: Running) -> bool:
+    return (await _get(agent, "/readyz"))[0] == 200
+
+
+async def test_serves_fails_over_reloads_and_stops(agent: Running) -> None:
+    await wait_for(lambda: _ready(agent), timeout=15, message="/readyz")
+    assert await _answer(agent) == {"127.0.0.41"}
+
+    agent.copies["sfo1"].healthy = False
+    assert await wait_for(lambda: _answer_is(agent, {"127.0.0.42"}), timeout=5, message="failover")
+
+    # A bad zone file is refused whole; the zone stays; the error is counted.
+    agent.zone.write_text("projects: {shop: {regions: [nowhere]}}\n")
+    agent.process.send_signal(signal.SIGHUP)
+    await wait_for(lambda: _metric_at_least(agent, "region_agent_zone_file_errors_total", 1), timeout=5,
+                   message="error counted")
+    assert await _answer(agent) == {"127.0.0.42"}
+
+    # A good file adds a project; it is checked and answered without a restart.
+    agent.zone.write_text(ZONE + "  blog: {regions: [ams1]}\n")
+    assert await wait_for(lambda: _answer_is(agent, {"127.0.0.42"}, "blog.g.example.com"), timeout=5,
+                          message="new project")
+
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "zone", "--url", f"http://127.0.0.1:{agent.http_port}",
+        stdout=asyncio.subprocess.PIPE)
+    out, _ = await cli.communicate()
+    text = out.decode()
+    assert cli.returncode == 0
+    assert "shop.g.example.com  ha  primary=sfo1" in text
+    assert "target sfo1   127.0.0.41" in text and "unhealthy" in text and "http 503" in text
+
+    agent.process.send_signal(signal.SIGTERM)
+    assert await wait_for(lambda: agent.process.poll() is not None, timeout=10, message="exit")
+    assert agent.process.returncode == 0
+    assert '"msg": "stopping"' in agent.log.read_text()
+
+
+async def _answer_is(agent: Running, expected: set[str], name: str = "shop.g.example.com") -> bool:
+    return await _answer(agent, name) == expected
+
+
+async def _metric_at_least(agent: Running, name: str, value: float) -> bool:
+    status, text = await _get(agent, "/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1]) >= value
+    return False
+
+
+@pytest.mark.parametrize(("env", "args", "message"), [
+    ({"REGION_AGENT_REGION": "SFO"}, [], "region: Value error, region name 'SFO'"),
+    ({"REGION_AGENT_DNS__PORT": "99999"}, [], "dns.port"),
+    ({"REGION_AGENT_CHECKS__TIMEOUT": "9"}, [], "timeout must not exceed interval"),
+    ({}, ["--zone-file", "/nonexistent.yaml"], "/nonexistent.yaml"),
+])
+def test_bad_settings_stop_start_up_with_the_field_named(env: dict[str, str], args: list[str], message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "agent", "run", *args], capture_output=True, text=True,
+                            timeout=30, env={**os.environ, **env}, check=False,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 2
+    assert message in result.stderr
