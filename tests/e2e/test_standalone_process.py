@@ -140,7 +140,7 @@ async def _answer_is(agent: Running, expected: set[str], name: str = "shop.g.exa
 
 
 async def _metric_at_least(agent: Running, name: str, value: float) -> bool:
-    status, text = await _get(agent, "/metrics")
+    _status, text = await _get(agent, "/metrics")
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1]) >= value

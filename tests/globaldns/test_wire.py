@@ -41,7 +41,8 @@ def _valid_queries() -> list[dns.message.QueryMessage]:
         if i % 5 == 0:
             options.append(dns.edns.ECSOption("2001:db8:1234::1", rng.choice([0, 48, 56, 64, 128])))
         if i % 4 == 0:
-            options.append(dns.edns.GenericOption(dns.edns.OptionType.COOKIE, bytes(rng.randrange(256) for _ in range(8))))  # cookie
+            cookie = bytes(rng.randrange(256) for _ in range(8))
+            options.append(dns.edns.GenericOption(dns.edns.OptionType.COOKIE, cookie))
         use_edns = i % 7 != 0
         if not use_edns:
             options = []

@@ -252,11 +252,11 @@ async def test_publisher_replaces_a_stale_socket_file_and_removes_its_own(
 ) -> None:
     leftover = await asyncio.start_unix_server(lambda r, w: None, path=str(socket_path))
     leftover.close()  # the file stays behind, like after a crash
-    assert os.path.exists(socket_path)  # noqa: ASYNC240 - a stat on tmpfs
+    assert os.path.exists(socket_path)
     publisher = await publishers()
-    assert os.path.exists(socket_path)  # noqa: ASYNC240
+    assert os.path.exists(socket_path)
     await publisher.stop()
-    assert not os.path.exists(socket_path)  # noqa: ASYNC240
+    assert not os.path.exists(socket_path)
 
 
 def test_heartbeat_lines_are_tiny() -> None:
