@@ -36,5 +36,3 @@ def project_slug(value: str) -> ProjectSlug:
         )
     return ProjectSlug(value)
 
-# Kept until agent/kube imports the new name.
-NameError_ = InvalidNameError

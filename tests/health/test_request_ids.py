@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.base.names import NameError_
+from agent.base.names import InvalidNameError
 from health.request_ids import RequestIds, is_valid_request_id
 
 VALID = "req_lax1-1700000000000-0123456789ab"
@@ -50,5 +50,5 @@ def test_generated_ids_are_well_formed_and_distinct() -> None:
 
 
 def test_bad_region_is_rejected_at_construction() -> None:
-    with pytest.raises(NameError_):
+    with pytest.raises(InvalidNameError):
         RequestIds("SFO")
