@@ -284,10 +284,15 @@ class ProximityMap:
     def choose(self, address: IPv4Address | IPv6Address, candidates: frozenset[str]) -> tuple[str | None, int]:
         """The closest candidate site to ``address`` and the ECS scope prefix length.
 
-        Every address in ``address/scope`` gets the same result, and (except where the budget
-        ran out, or at the IPv4-mapped boundary /96) the network one bit wider does not.
-        Returns ``(None, scope)`` when the address has no location (the caller answers all
-        healthy addresses) or no candidate is a known site. Unknown names are ignored.
+        ``address`` is the ECS address (as received, masked to its source prefix) or else the
+        query's source address. Every address in ``address/scope`` gets the same result, and the
+        network one bit wider does not — except where the work budget ran out (narrower, see
+        :attr:`exact`), at the IPv4-mapped boundary (/96), and in a database that does not alias
+        ``::ffff:0:0/96`` itself, where IPv6 scopes stay off that network. The scope may be
+        longer than an ECS source prefix when the database splits that prefix (RFC 7871 allows
+        it: the answer is then only valid for that part). Returns ``(None, scope)`` when the
+        address has no location (the caller answers all healthy addresses) or no candidate is a
+        known site. Unknown names are ignored.
         """
         result, scope = self._answer(address, candidates, _FIRST)
         return cast("str | None", result), scope
