@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
+import time
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
+from agent.state.model import Region
 from agent.state.store import Entry, Store
 from globaldns.answer import Responder, ResponderLimits
 from globaldns.compiler import CompileReport, ZoneConfig, compile_zone
+from globaldns.geoip import GeoDatabase, ProximityMap, Site
 from globaldns.metrics import DnsCounters, register
 from globaldns.server import DnsServer, TcpLimits
 from globaldns.settings import DnsSettings
@@ -32,19 +35,6 @@ def zone_config(settings: DnsSettings) -> ZoneConfig:
         retry=settings.soa_retry, expire=settings.soa_expire, minimum=settings.soa_minimum,
         startup_answer=settings.startup_answer,
     )
-
-
-def open_locator(path: Path | None, store: Store) -> Locator | None:
-    """The GeoIP proximity map over the regions' locations, or None without a database."""
-    if path is None:
-        return None
-    from globaldns.geoip import GeoDatabase, ProximityMap, Site
-
-    database = GeoDatabase.open(path)
-    regions = store.snapshot().regions.values()
-    sites = [Site(r.name, r.latitude, r.longitude) for r in regions
-             if r.latitude is not None and r.longitude is not None]
-    return ProximityMap(database, sites)
 
 
 class ZoneService:
@@ -63,7 +53,9 @@ class ZoneService:
         )
         self.health_known = False
         self.locator: Locator | None = None
-        self._locator_regions: object = None
+        self._geo_database: GeoDatabase | None = None
+        self._sites: tuple[Site, ...] | None = None
+        self._warm: asyncio.Task[None] | None = None
         self._pending = False
         self.changed = asyncio.Event()  # set after every swap, for whoever publishes views
         store.subscribe(self._on_change)
@@ -100,16 +92,49 @@ class ZoneService:
         self.counters.zone_reloads += 1
         self.changed.set()
 
-    def _refresh_locator(self, regions: object) -> None:
-        """Rebuild the proximity map when the regions (their locations) change."""
-        if self.settings.geoip_database is None or regions == self._locator_regions:
+    def _refresh_locator(self, regions: Mapping[str, Region]) -> None:
+        """A new proximity map over all located regions whenever their locations change.
+
+        One map serves every project (each passes its healthy regions as candidates), so
+        health changes keep all its precomputed work; only a change of sites rebuilds it.
+        """
+        if self._geo_database is None:
             return
-        self._locator_regions = regions
-        self.locator = open_locator(self.settings.geoip_database, self.store)
+        sites = tuple(Site(r.name, r.latitude, r.longitude) for r in regions.values()
+                      if r.latitude is not None and r.longitude is not None)
+        if sites == self._sites:
+            return
+        self._sites = sites
+        proximity = ProximityMap(self._geo_database, sites)
+        self.locator = proximity
+        if self._warm is not None:
+            self._warm.cancel()
+        self._warm = asyncio.get_running_loop().create_task(_warm(proximity), name="geoip warm-up")
 
     async def start(self) -> None:
+        if self.settings.geoip_database is not None:
+            # About 0.3 s for GeoLite2-City; done before the sockets open, so it delays nothing.
+            self._geo_database = GeoDatabase.open(self.settings.geoip_database)
+            logger.info("GeoIP database %s (%s)", self.settings.geoip_database, self._geo_database.database_type)
         self.rebuild()
         await self.server.start()
 
     async def stop(self) -> None:
+        if self._warm is not None:
+            self._warm.cancel()
         await self.server.stop()
+
+
+async def _warm(proximity: ProximityMap) -> None:
+    """Precompute the map's subtree summaries in small slices between queries.
+
+    Until it is done, clients in large uniform areas get a narrower (still correct) ECS
+    scope. Each slice takes a few milliseconds; the pause between slices leaves the loop
+    to the DNS server, so warming takes longer on a busy agent but never starves it.
+    """
+    started = time.monotonic()
+    while True:
+        if proximity.warm(2000):
+            break
+        await asyncio.sleep(0.001)
+    logger.info("GeoIP proximity map warm in %.1f s", time.monotonic() - started)
