@@ -16,21 +16,23 @@ def create_guarded_task(
     """Start ``coro`` as a named task whose failure or unexpected return is logged.
 
     The task is meant to run until cancelled; returning or raising is a bug worth a loud
-    log line, because nothing else would notice that, say, the DNS server stopped.
+    log line, because nothing else would notice that, say, the DNS server stopped. The
+    check is a done-callback rather than a wrapper coroutine, so a task cancelled before
+    it ever ran leaves no never-awaited coroutine behind.
     """
 
-    async def guard() -> Any:
-        try:
-            result = await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("task %s failed", name)
-            raise
-        log.warning("task %s exited unexpectedly", name)
-        return result
+    def report(task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("task %s failed", name, exc_info=error)
+        else:
+            log.warning("task %s exited unexpectedly", name)
 
-    return asyncio.get_running_loop().create_task(guard(), name=name)
+    task = asyncio.get_running_loop().create_task(coro, name=name)
+    task.add_done_callback(report)
+    return task
 
 
 async def cancel_and_wait(tasks: list[asyncio.Task[Any]], *, budget: float = 5.0) -> None:
