@@ -32,7 +32,7 @@ def _modules() -> list[tuple[str, Path]]:
 
 
 def _imports(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
