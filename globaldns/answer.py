@@ -147,7 +147,7 @@ class Responder:
         reply = answer(tables, query, source)
         max_size = max_response_size(query, tcp=tcp, our_payload=self.limits.our_payload)
         out = render(query, reply, max_size=max_size, our_payload=self.limits.our_payload)
-        if not reply.client_dependent:
+        if not reply.client_dependent and self.limits.memo_entries:
             if len(memo) >= self.limits.memo_entries:
                 memo.clear()  # cheaper than LRU bookkeeping on every hit; refills in one burst
             memo[key] = (out[2:], query.qtype, reply.rcode)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from globaldns.answer import Responder
+from globaldns.answer import Responder, ResponderLimits
 from globaldns.metrics import DnsCounters
 from globaldns.tables import ZoneHolder
 from globaldns.wire import FORMERR, NOTAUTH, NOTIMP, MessageError, parse_query
@@ -230,3 +230,10 @@ def test_no_zone_yet_is_servfail() -> None:
     assert dns.message.from_wire(out or b"").rcode() == dns.rcode.SERVFAIL
     with pytest.raises(dns.exception.DNSException):
         dns.message.from_wire(b"\x00")
+
+
+def test_memo_can_be_turned_off() -> None:
+    holder = ZoneHolder(tables_for([ha("shop")], {"shop": up(*ALL)}))
+    responder = Responder(holder, DnsCounters(), ResponderLimits(memo_entries=0))
+    responder.respond(dns.message.make_query(f"shop.{ZONE}", "A").to_wire(), None, tcp=False)
+    assert holder.tables is not None and holder.tables.response_memo == {}
