@@ -8,6 +8,7 @@ when it turns a request into cgroup values.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal, InvalidOperation
@@ -32,6 +33,12 @@ def parse_quantity(text: str | int | float) -> Decimal:
     """The exact value of a quantity in base units (cores, bytes, devices)."""
     if isinstance(text, int | float):
         return Decimal(str(text))
+    return _parse_text(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Decimal:
+    # Pods of one node repeat a handful of strings ("500m", "256Mi"): parse each once.
     match = _QUANTITY.fullmatch(text.strip())
     if match is None:
         raise QuantityError(f"not a Kubernetes quantity: {text!r}")

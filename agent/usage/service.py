@@ -6,7 +6,8 @@ Wiring only; the rules live in :mod:`agent.usage.sessions`, durability in
 Ordering is the whole point. One coroutine owns the :class:`SessionBook`: pod events (from the
 informer's handler), checkpoint ticks and the start-up reconcile all go through one queue and
 are applied in order; what they decide is written to the spool as one transaction per drained
-queue (group commit: under churn many events share one fsync). The reporter only reads
+queue (group commit: the queue is drained ``commit_delay`` after its first item, so under churn
+many events share one fsync). The reporter only reads
 committed records, so nothing is reported before it is durable. If a spool write fails, the same
 write is retried until it succeeds while events wait in the queue: the in-memory book and the
 spool never diverge, and nothing is dropped.
@@ -111,7 +112,9 @@ class UsageService:
         self.reporter = Reporter(settings, self.spool, self.metrics, region=region, node=node,
                                  clock=self.clock, sleep=sleep)
         self.reconciled = asyncio.Event()  # the book matches the first full LIST; checkpoints run
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # (item, arrival time): an item is applied at the second it arrived, not when the queue drains,
+        # so group commit and a busy loop never move a checkpoint past an event that came after it.
+        self._queue: asyncio.Queue[tuple[Any, int]] = asyncio.Queue()
         self._over_bound = False
         self._last_bound_log: float | None = None
         self._busy = False
@@ -119,7 +122,10 @@ class UsageService:
         pods.add_handler(self._on_event)
 
     def _on_event(self, event: Any) -> None:
-        self._queue.put_nowait(event)
+        self._enqueue(event)
+
+    def _enqueue(self, item: Any) -> None:
+        self._queue.put_nowait((item, int(self.clock.wall())))
 
     @property
     def idle(self) -> bool:
@@ -151,29 +157,36 @@ class UsageService:
     async def _ticker(self) -> None:
         while True:
             await self.sleep(self.settings.checkpoint_interval)
-            self._queue.put_nowait(_TICK)
+            self._enqueue(_TICK)
 
     async def _reconcile_when_synced(self) -> None:
         await self.pods.synced.wait()
         # Snapshot now: events already queued describe states up to this snapshot, later ones after it.
-        self._queue.put_nowait(_Reconcile(tuple(self.pods.items.values())))
+        self._enqueue(_Reconcile(tuple(self.pods.items.values())))
 
     async def _process(self) -> None:
         while True:
             items = [await self._queue.get()]
-            while not self._queue.empty():
-                items.append(self._queue.get_nowait())
+            if self.settings.commit_delay > 0:
+                # Group commit: real time, not the injected clock; this is about I/O batching.
+                await asyncio.sleep(self.settings.commit_delay)
+            items.extend(self._drain())
             self._busy = True
             try:
                 await self._apply(items)
             finally:
                 self._busy = False
 
-    async def _apply(self, items: list[Any]) -> None:
-        now = int(self.clock.wall())
+    def _drain(self) -> list[tuple[Any, int]]:
+        items = []
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        return items
+
+    async def _apply(self, items: list[tuple[Any, int]]) -> None:
         change = Change()
         ticked = False
-        for item in items:
+        for item, now in items:
             if isinstance(item, _Tick):
                 if self.reconciled.is_set():
                     change.extend(self.book.checkpoint(now, cut=not self._over_bound))
@@ -270,13 +283,9 @@ class UsageService:
         """Apply what is queued and checkpoint open sessions, so a graceful restart loses nothing."""
         if not self.spool.is_open:
             return
-        items = []
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if not isinstance(item, _Tick):
-                items.append(item)
+        items = [entry for entry in self._drain() if not isinstance(entry[0], _Tick)]
         if self.reconciled.is_set():
-            items.append(_TICK)
+            items.append((_TICK, int(self.clock.wall())))
         if items or self._unwritten is not None:
             try:
                 await asyncio.wait_for(self._apply(items), timeout=10.0)

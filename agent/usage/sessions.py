@@ -167,6 +167,7 @@ class SessionBook:
 
     def __init__(self) -> None:
         self._ledgers: dict[str, Ledger] = {}
+        self._open: set[str] = set()  # uids with an open session (kept in step by _put/_pop)
 
     @property
     def ledgers(self) -> Mapping[str, Ledger]:
@@ -174,12 +175,24 @@ class SessionBook:
 
     @property
     def open_sessions(self) -> int:
-        return sum(1 for led in self._ledgers.values() if led.session is not None)
+        return len(self._open)
 
     def restore(self, ledgers: Iterable[Ledger]) -> None:
         """Load the ledgers persisted by an earlier process (before any event is applied)."""
         for led in ledgers:
-            self._ledgers[led.identity.uid] = led
+            self._put(led)
+
+    def _put(self, led: Ledger) -> None:
+        uid = led.identity.uid
+        self._ledgers[uid] = led
+        if led.session is None:
+            self._open.discard(uid)
+        else:
+            self._open.add(uid)
+
+    def _pop(self, uid: str) -> Ledger | None:
+        self._open.discard(uid)
+        return self._ledgers.pop(uid, None)
 
     def observe(self, pod: MeteredPod, now: int) -> Change:
         """Apply the pod's current state (ADDED or MODIFIED, or found by a relist or at start)."""
@@ -209,7 +222,7 @@ class SessionBook:
                           session=OpenSession(start, run, pod.size))
             change.ledgers[pod.uid] = led
             change.opened += 1
-        self._ledgers[pod.uid] = led
+        self._put(led)
         return change
 
     def vanish(self, uid: str, last: MeteredPod | None, now: int, *, final_state_unknown: bool) -> Change:
@@ -220,7 +233,7 @@ class SessionBook:
         was observed.
         """
         change = Change()
-        led = self._ledgers.pop(uid, None)
+        led = self._pop(uid)
         if led is None:
             return change
         change.ledgers[uid] = None
@@ -244,13 +257,12 @@ class SessionBook:
     def checkpoint(self, now: int, *, cut: bool = True) -> Change:
         """Bill every open session up to ``now`` (``cut=False``: only remember that they ran until now)."""
         change = Change()
-        for uid, before in list(self._ledgers.items()):
-            if before.session is None:
-                continue
+        for uid in sorted(self._open):
+            before = self._ledgers[uid]
             led = replace(before, seen_at=max(before.seen_at, now))
             if cut:
                 led = self._cut(led, now, change)
-            self._ledgers[uid] = led
+            self._put(led)
             change.ledgers[uid] = led
         return change
 

@@ -226,6 +226,7 @@ def usage_settings(tmp_path: Path, plane: FakeControlPlane, **overrides: Any) ->
         "spool_path": str(tmp_path / "spool" / "usage.sqlite3"), "endpoint_url": plane.url,
         "token": "test-token", "token_file": None, "checkpoint_interval": 60.0, "report_interval": 2.0,
         "batch_size": 25, "request_timeout": 0.25, "backoff_initial": 1.0, "backoff_cap": 60.0,
+        "commit_delay": 0.0,
     }
     values.update(overrides)
     return UsageSettings(**values)

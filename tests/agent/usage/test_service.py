@@ -59,7 +59,7 @@ async def churn(r: Rig, rng: random.Random, *, minutes: int, names: list[str], p
 
 
 async def test_churn_under_every_control_plane_fault(tmp_path: Path) -> None:
-    async with rig(tmp_path) as r:
+    async with rig(tmp_path, commit_delay=0.002) as r:  # group commit on: events share transactions
         r.plane.script.extend(["store-drop", "fail-500", "ack-twice", "throttle", "stall", "drop", "ok",
                                "store-500", "unauthorized", "fail-503", "ok", "store-drop", "stall"] * 4)
         for i in range(3):
