@@ -17,31 +17,8 @@ Layers, lowest first (each module's docstring gives its design reason):
   and ``node_pods_informer`` for usage metering.
 
 Only ``agent.base`` and ``agent.state`` are imported from the rest of the project.
+
+Nothing is imported here: ``kubernetes_asyncio`` costs ~40 MB and 0.2 s to import, and an
+agent without Kubernetes (standalone mode) must not pay for it just by reading its settings.
+Import the module you need.
 """
-
-from agent.kube.cache import WatchEvent
-from agent.kube.client import build_api_client
-from agent.kube.models import CnpgCluster, KnativeService, NodePod
-from agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES, PODS, ResourceRef
-from agent.kube.settings import CnpgStatusSettings, KubeSettings, WatchSettings
-from agent.kube.sources import KubeSnapshot, KubeSources, node_pods_informer
-from agent.kube.watch import Informer
-
-__all__ = [
-    "CNPG_CLUSTERS",
-    "KNATIVE_SERVICES",
-    "PODS",
-    "CnpgCluster",
-    "CnpgStatusSettings",
-    "Informer",
-    "KnativeService",
-    "KubeSettings",
-    "KubeSnapshot",
-    "KubeSources",
-    "NodePod",
-    "ResourceRef",
-    "WatchEvent",
-    "WatchSettings",
-    "build_api_client",
-    "node_pods_informer",
-]
