@@ -119,6 +119,7 @@ class UsageService:
         self._last_bound_log: float | None = None
         self._busy = False
         self._unwritten: Change | None = None  # decided but not yet committed (a failed or cancelled write)
+        self._pending: list[tuple[Any, int]] = []  # taken from the queue, waiting for the group commit
         pods.add_handler(self._on_event)
 
     def _on_event(self, event: Any) -> None:
@@ -130,7 +131,7 @@ class UsageService:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing being applied (tests)."""
-        return self._queue.empty() and not self._busy
+        return self._queue.empty() and not self._pending and not self._busy
 
     async def run(self) -> None:
         stats = await self.spool.open(region=self.region, node=self.node)
@@ -166,11 +167,15 @@ class UsageService:
 
     async def _process(self) -> None:
         while True:
-            items = [await self._queue.get()]
+            self._pending.append(await self._queue.get())
             if self.settings.commit_delay > 0:
-                # Group commit: real time, not the injected clock; this is about I/O batching.
+                # Group commit: real time, not the injected clock; this is about I/O batching. Items
+                # wait in _pending, where a shutdown during this sleep still finds them.
                 await asyncio.sleep(self.settings.commit_delay)
-            items.extend(self._drain())
+            self._pending.extend(self._drain())
+            # No await between taking the items and applying them to the book (the first await in
+            # _apply is the spool write, whose change _unwritten keeps): a cancel loses nothing.
+            items, self._pending = self._pending, []
             self._busy = True
             try:
                 await self._apply(items)
@@ -283,7 +288,8 @@ class UsageService:
         """Apply what is queued and checkpoint open sessions, so a graceful restart loses nothing."""
         if not self.spool.is_open:
             return
-        items = [entry for entry in self._drain() if not isinstance(entry[0], _Tick)]
+        pending, self._pending = self._pending, []
+        items = [entry for entry in pending + self._drain() if not isinstance(entry[0], _Tick)]
         if self.reconciled.is_set():
             items.append((_TICK, int(self.clock.wall())))
         if items or self._unwritten is not None:

@@ -199,3 +199,30 @@ async def test_failed_spool_write_is_retried_not_lost(tmp_path: Path, monkeypatc
         await r.advance_until(r.delivered, message="delivered")
         r.assert_billed_exactly()
         assert r.metric("region_agent_usage_loop_errors_total", loop="spool") == 3
+
+
+async def test_stop_during_the_group_commit_window_applies_waiting_events(tmp_path: Path) -> None:
+    async with rig(tmp_path) as r:
+        r.service.settings = r.settings.model_copy(update={"commit_delay": 5.0})  # events wait 5 real seconds
+        r.node.start("a")
+        r.node.start("b")
+        await r.caught_up()
+        assert not r.service.idle  # the events wait in the group-commit window
+        await stop_service(r)  # cancelled inside the window: the waiting events are applied, then checkpointed
+        r.tasks.clear()
+        spool = Spool(r.settings.spool_path)
+        await spool.open(region="sfo1", node="node-a")
+        assert {row["identity"]["uid"] for row in await spool.load_ledgers()} == {"uid-a", "uid-b"}
+        await spool.close()
+        r.clock.advance(100)
+        quick = r.settings.model_copy(update={"commit_delay": 0.0})
+        async with ApiClient(Configuration(host=r.fake.url)) as api:
+            again = await start_service(r.fake, r.plane, r.clock, quick, api, node=r.node)
+            try:
+                r.node.finish("a")
+                r.node.finish("b")
+                await again.sync()
+                await again.advance_until(again.delivered, message="delivered")
+                again.assert_billed_exactly()
+            finally:
+                await stop_service(again)
