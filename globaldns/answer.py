@@ -134,6 +134,7 @@ class Responder:
         hit = memo.get(key)
         if hit is not None:
             body, qtype, rcode = hit
+            self.counters.memo_hits += 1
             self.counters.record(qtype, rcode, time.perf_counter() - started)
             return data[:2] + body
         try:

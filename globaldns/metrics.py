@@ -29,6 +29,7 @@ class DnsCounters:
         self.malformed_reasons: Counter[str] = Counter()
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
+        self.memo_hits = 0
         self.tcp_connections = 0
         self.tcp_refused = 0
         self.zone_serial = 0
@@ -78,6 +79,8 @@ class DnsCollector(Collector):
         yield CounterMetricFamily("region_agent_dns_zone_reloads", "Zone compilations swapped in", c.zone_reloads)
         yield CounterMetricFamily("region_agent_dns_zone_errors",
                                   "Zone source errors (bad zone file, compile problems)", c.zone_errors)
+        yield CounterMetricFamily("region_agent_dns_memo_hits",
+                                  "Responses served from the memo of rendered responses", c.memo_hits)
         yield CounterMetricFamily("region_agent_dns_tcp_connections", "TCP connections accepted",
                                   c.tcp_connections)
         yield CounterMetricFamily("region_agent_dns_tcp_refused",
