@@ -26,6 +26,8 @@ Faults are scripted per request (``script``, consumed in order) or persistent (`
 ================  ===============================================================================
 
 ``poison`` keys are rejected with 400 whenever a batch contains one, to test bisection.
+:meth:`FakeControlPlane.outage` stops listening (connections refused) while keeping the port, and
+:meth:`FakeControlPlane.recover` listens again on it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import asyncio
 import hashlib
 import itertools
 import json
+import socket
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,10 +78,30 @@ class FakeControlPlane:
 
     def __post_init__(self) -> None:
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._placeholder: socket.socket | None = None
         self._release = asyncio.Event()
         self._handlers: set[asyncio.Task[Any]] = set()
 
-    # Lifecycle. stop()/start() keep the port, so an outage is a real "connection refused".
+    # Lifecycle. outage()/recover() keep the port, so an outage is a real "connection refused" and no
+    # other process on the machine can take the port meanwhile.
+
+    async def outage(self) -> None:
+        """Stop listening: connections are refused until :meth:`recover`. The port stays reserved."""
+        assert self._server is not None
+        self._server.close()  # the listening socket closes now, synchronously...
+        placeholder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        placeholder.bind((self.host, self.port))  # ...and the port is held at once (bound, not listening)
+        self._placeholder = placeholder
+        await self.stop()
+
+    async def recover(self) -> None:
+        """Listen again on the same port (bound beside the placeholder, which is then released)."""
+        await self.start()
+        if self._placeholder is not None:
+            self._placeholder.close()
+            self._placeholder = None
 
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -87,13 +110,15 @@ class FakeControlPlane:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
+        server = site._server
+        assert isinstance(server, asyncio.base_events.Server)
+        self._server = server
         if self.port == 0:
-            server = site._server
-            assert isinstance(server, asyncio.base_events.Server)
             self.port = server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         self._release.set()
+        self._server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -102,6 +127,11 @@ class FakeControlPlane:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1/usage"
+
+    def close_placeholder(self) -> None:
+        if self._placeholder is not None:
+            self._placeholder.close()
+            self._placeholder = None
 
     def release(self) -> None:
         """Let ``hang`` requests finish (they then store nothing and answer 503)."""

@@ -251,6 +251,7 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
                 await stop_service(current)
             plane.release()
             await plane.stop()
+            plane.close_placeholder()
             await fake.close()
 
 

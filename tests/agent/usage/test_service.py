@@ -87,7 +87,7 @@ async def test_control_plane_outage_of_ten_simulated_minutes(tmp_path: Path) -> 
         await r.advance_until(r.delivered, message="records before the outage delivered")
         before = len(r.plane.records)
 
-        await r.plane.stop()  # connection refused from now on
+        await r.plane.outage()  # connection refused from now on
         outage_start = r.clock.now
         await churn(r, random.Random(12), minutes=10, names=names, prefix="during")
         assert r.clock.now - outage_start >= 600
@@ -96,7 +96,7 @@ async def test_control_plane_outage_of_ten_simulated_minutes(tmp_path: Path) -> 
         assert r.metric("region_agent_usage_spool_unsent_records") > 50
         assert r.metric("region_agent_usage_report_errors_total", kind="network") > 5
 
-        await r.plane.start()  # same port: the agent's next retry gets through
+        await r.plane.recover()  # same port: the agent's next retry gets through
         await r.advance_until(r.delivered, step=5.0, message="backlog delivered after the outage")
         r.assert_billed_exactly()
         assert r.metric("region_agent_usage_oldest_unsent_age_seconds") == 0
@@ -153,7 +153,7 @@ async def test_pod_deleted_while_the_watch_was_down_is_closed_by_the_relist(tmp_
 async def test_spool_bound_never_drops(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="region_agent.usage")
     async with rig(tmp_path, max_spool_bytes=1024 * 1024, checkpoint_interval=10.0, batch_size=500) as r:
-        await r.plane.stop()
+        await r.plane.outage()
         for i in range(150):
             r.node.start(f"pod-{i}")
         await r.sync()
@@ -168,7 +168,7 @@ async def test_spool_bound_never_drops(tmp_path: Path, caplog: pytest.LogCapture
             r.node.finish(f"pod-{i}")  # closed sessions are still written, over the bound
         await r.sync()
         assert r.metric("region_agent_usage_records_written_total") == held + 75
-        await r.plane.start()
+        await r.plane.recover()
         for i in range(1, 150, 2):
             r.node.finish(f"pod-{i}")
         await r.sync()
