@@ -50,7 +50,11 @@ class AgentSettings(BaseSettings):
         "/global-health/<slug> from them.",
     )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
-    shutdown_budget: float = Field(default=5.0, gt=0, description="Seconds allowed for a graceful stop.")
+    shutdown_budget: float = Field(
+        default=15.0, gt=0,
+        description="Seconds a graceful stop may take (usage checkpoints open sessions; keep it below the "
+        "pod's terminationGracePeriodSeconds, 30 by default).",
+    )
     dns: DnsSettings = Field(default_factory=DnsSettings)
     checks: ChecksSettings = Field(default_factory=ChecksSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)

@@ -125,6 +125,29 @@ class Agent:
         for name, coro in self.kube.runners().items():
             self._spawn(coro, name)
         self._spawn(self._follow_kube(), "local copy health")
+        self._start_usage()
+
+    def _start_usage(self) -> None:
+        """Meter the project pods on this node; needs the node name from the downward API."""
+        node = self.settings.kube.node_name
+        if not self.settings.usage.enabled or not node:
+            logger.info("usage metering off (%s)", "disabled" if not self.settings.usage.enabled
+                        else "kube.node_name is not set")
+            return
+        from agent.kube.resources import PODS
+        from agent.kube.watch import Informer
+        from agent.usage import UsageService, pod_converter, pod_selectors
+
+        label_selector, field_selector = pod_selectors(self.settings.usage, node)
+        pods = Informer(api=self._kube_api, resource=PODS, convert=pod_converter(self.settings.usage),
+                        label_selector=label_selector, field_selector=field_selector,
+                        settings=self.settings.kube.watch, registry=self.registry, name="usage-pods")
+        # The service registers its event handler, so it must exist before the watch runs;
+        # tasks stop in reverse order, so it also checkpoints before the watch is gone.
+        usage = UsageService(self.settings.usage, region=self.settings.region, node=node, pods=pods,
+                             registry=self.registry)
+        self._spawn(pods.run(), "kube-watch usage-pods")
+        self._spawn(usage.run(), "usage")
 
     async def _follow_kube(self) -> None:
         """Write this region's copy health from the watch cache on every change."""

@@ -6,6 +6,8 @@ float) and must reject garbage instead of guessing.
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -40,6 +42,12 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise QuantityError(f"not a quantity: {value!r}")
     if isinstance(value, (int, float)):
         return Decimal(str(value))
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Decimal:
+    # The pods of one node repeat a handful of strings ("500m", "256Mi"): parse each once.
     match = _QUANTITY.fullmatch(value.strip())
     if not match:
         raise QuantityError(f"not a quantity: {value!r}")
@@ -51,3 +59,17 @@ def parse_quantity(value: str | int | float) -> Decimal:
     except (InvalidOperation, ValueError) as error:
         raise QuantityError(f"not a quantity: {value!r}") from error
     return result * _SUFFIXES[suffix or ""]
+
+
+def millicores(value: str | int | float) -> int:
+    """CPU in millicores, rounded up as the kubelet does ("250m" → 250, "0.1" → 100, "1" → 1000).
+
+    Billing multiplies sizes by seconds, so sizes are integers: no float rounding can make two
+    agents, or two retries, disagree about a record.
+    """
+    return math.ceil(parse_quantity(value) * 1000)
+
+
+def whole_units(value: str | int | float) -> int:
+    """Bytes or devices, rounded up ("1Gi" → 1073741824, "1" → 1)."""
+    return math.ceil(parse_quantity(value))

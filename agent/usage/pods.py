@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.usage.quantity import QuantityError, millicores, whole_units
+from agent.kube.quantity import QuantityError, millicores, whole_units
 from agent.usage.settings import REVISION_LABEL, UsageSettings
 
 

@@ -14,14 +14,16 @@ import aiohttp
 import dns.asyncquery
 import dns.message
 import pytest
+from prometheus_client.exposition import generate_latest
 
 from agent.demo import FakeCopy
-from agent.kube.resources import KNATIVE_SERVICES
+from agent.kube.resources import KNATIVE_SERVICES, PODS
 from agent.settings import AgentSettings
 from agent.supervisor import Agent
 from tests.conftest import wait_for
+from tests.fakes.control_plane import FakeControlPlane
 from tests.fakes.kube_api import FakeKubeApi
-from tests.fakes.kube_objects import knative_service
+from tests.fakes.kube_objects import knative_service, pod
 
 ZONE_FILE = """
 regions:
@@ -45,7 +47,15 @@ current-context: fake
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeKubeApi, Agent, FakeCopy]]:
+async def control_plane() -> AsyncIterator[FakeControlPlane]:
+    plane = FakeControlPlane()
+    await plane.start()
+    yield plane
+    await plane.stop()
+
+
+@pytest.fixture
+async def world(tmp_path: Path, control_plane: FakeControlPlane) -> AsyncIterator[tuple[FakeKubeApi, Agent, FakeCopy]]:
     api = FakeKubeApi()
     url = await api.start()
     backup = FakeCopy("127.0.0.32", 0)
@@ -61,7 +71,9 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeKubeApi, Agent, FakeC
                 "timeout": 0.3},
         health={"listen_addresses": ["127.0.0.1"], "port": 0},
         kube={"config": "kubeconfig", "kubeconfig": str(_kubeconfig(tmp_path / "kubeconfig", url)),
-              "cnpg": {"enabled": False}},
+              "cnpg": {"enabled": False}, "node_name": "node-a"},
+        usage={"spool_path": str(tmp_path / "usage.sqlite3"), "endpoint_url": control_plane.url,
+               "token": control_plane.token, "token_file": None, "checkpoint_interval": 60, "report_interval": 0.2},
     )
     api.put(KNATIVE_SERVICES, knative_service("shop", slug="shop"))
     agent = Agent(settings)
@@ -132,3 +144,25 @@ async def test_not_ready_until_the_watch_has_listed(world: tuple[FakeKubeApi, Ag
         zone = await response.json()
     (shop,) = [r for r in zone["records"] if r.get("type") == "project"]
     assert {t["region"]: t["health"] for t in shop["targets"]} == {"sfo1": "healthy", "ams1": "healthy"}
+
+
+async def test_usage_of_a_pod_on_this_node_reaches_the_control_plane(
+    world: tuple[FakeKubeApi, Agent, FakeCopy], control_plane: FakeControlPlane
+) -> None:
+    api, agent, _backup = world
+    await asyncio.wait_for(agent.ready.wait(), 10)
+    api.put(PODS, pod("shop-00001-deployment-abc", node="node-a"))
+    api.put(PODS, pod("elsewhere", node="node-b"))  # another node's agent bills that one
+    await wait_for(lambda: _metric(agent, "region_agent_usage_open_sessions") == 1, timeout=5,
+                   message="one session open (the pod on node-b is not ours)")
+    api.delete(PODS, "projects", "shop-00001-deployment-abc")
+    records = await wait_for(lambda: list(control_plane.records.values()), timeout=10, message="a usage record")
+    assert {r["pod_uid"] for r in records} == {"uid-shop-00001-deployment-abc"}
+    assert all(r["region"] == "sfo1" and r["node"] == "node-a" for r in records)
+
+
+def _metric(agent: Agent, name: str) -> float | None:
+    for line in generate_latest(agent.registry).decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None

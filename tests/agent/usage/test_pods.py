@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from agent.kube.quantity import QuantityError, millicores, parse_quantity, whole_units
 from agent.usage.pods import PodFormatError, metered_pod_from_api, parse_time, pod_selectors
-from agent.usage.quantity import QuantityError, millicores, parse_quantity, whole_units
 from agent.usage.sessions import run_of
 from agent.usage.settings import UsageSettings
 from tests.agent.usage.factory import pod, running, terminated, ts, up, waiting
