@@ -27,8 +27,8 @@ from agent.checks.checker import Checker
 from agent.settings import AgentSettings
 from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
-from agent.state.model import CopyHealth, copy_key
-from agent.state.store import Store
+from agent.state.model import CopyHealth, Kind, copy_key
+from agent.state.store import Entry, Store
 from agent.zonefile import ZoneFileWatcher
 from globaldns.service import ZoneService
 from health.service import HealthService
@@ -59,7 +59,13 @@ class Agent:
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop = asyncio.Event()
-        self.store.subscribe(lambda _changes: self.checker.reconcile(self.store.snapshot()))
+        self.store.subscribe(self._on_state_change)
+
+    def _on_state_change(self, changes: list[Entry]) -> None:
+        # Check targets follow regions and projects; copy health (what checks write) leaves
+        # them as they are, and re-planning 10,000 projects on every health flip would be waste.
+        if any(entry.key[0] != Kind.COPY.value for entry in changes):
+            self.checker.reconcile(self.store)
 
     # --- views --------------------------------------------------------------------------
 
@@ -85,7 +91,7 @@ class Agent:
         region = self.settings.region
         missing = {slug: CopyStatus(slug, False, CopyReason.NOT_FOUND,
                                     f"no Knative Service of project {slug} in region {region}")
-                   for slug, project in self.store.snapshot().projects.items()
+                   for slug, project in self.store.projects.items()
                    if region in project.regions and slug not in copies}
         return {**copies, **missing} if missing else copies
 

@@ -73,7 +73,7 @@ def answer(tables: ZoneTables, query: Query, source: str | None = None) -> Reply
             return node.any_reply
         if qtype in ZONE_TRANSFERS:
             return REFUSED_REPLY
-        return node.nodata
+        return tables.negative(NOERROR, 12 + len(query.qname_lower) - len(tables.apex))
     apex_offset = tables.apex_offset(query.qname_lower)
     if apex_offset is None or qtype in ZONE_TRANSFERS:
         return REFUSED_REPLY

@@ -14,12 +14,12 @@ lookup; only proximity answers are chosen per query, by the :class:`Locator`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent.state.hlc import physical_ms
 from agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region
-from agent.state.store import Snapshot
+from agent.state.store import StateView
 from globaldns.records import (
     EMPTY,
     Section,
@@ -31,7 +31,15 @@ from globaldns.records import (
     suffix_offsets,
 )
 from globaldns.selection import Outcome, Selection, all_down, ifurlup
-from globaldns.tables import Locator, Node, ProximityAnswer, Reply, ZoneTables, negative_reply_factory
+from globaldns.tables import (
+    CompiledProject,
+    Locator,
+    Node,
+    ProximityAnswer,
+    Reply,
+    ZoneTables,
+    negative_reply_factory,
+)
 from globaldns.wire import AAAA, NOERROR, NS, SERVFAIL, SOA, A, name_from_text
 
 FAMILIES = ((A, 4), (AAAA, 6))
@@ -63,9 +71,9 @@ class CompileReport:
     problems: list[str] = field(default_factory=list)
 
 
-def zone_serial(snapshot: Snapshot) -> int:
+def zone_serial(state: StateView) -> int:
     """Seconds of the newest state change: equal state gives an equal serial everywhere."""
-    return max(1, physical_ms(snapshot.newest_hlc) // 1000) % (1 << 32)
+    return max(1, physical_ms(state.newest_hlc) // 1000) % (1 << 32)
 
 
 def ns_host(region: str, apex: str) -> str:
@@ -77,17 +85,71 @@ def _health(copy: CopyHealth | None, address: str) -> bool:
 
 
 def compile_zone(
-    snapshot: Snapshot,
+    state: StateView,
     config: ZoneConfig,
     *,
     health_known: bool = True,
     locator: Locator | None = None,
     report: CompileReport | None = None,
+    previous: ZoneTables | None = None,
+    changed_projects: Collection[str] | None = None,
 ) -> ZoneTables:
+    """Compile the zone; with ``previous`` and ``changed_projects``, recompile only those projects.
+
+    A project's records depend on the project, its regions and its copies' health, and on
+    the settings below; when none of the latter changed since ``previous`` (its ``basis``),
+    every project not named in ``changed_projects`` is reused as compiled. A health flip
+    then costs one project, not the whole zone (10,000 projects: ~0.7 s in full).
+    """
     report = report if report is not None else CompileReport()
     apex = name_from_text(config.apex)
-    serial = zone_serial(snapshot)
-    regions = dict(sorted(snapshot.regions.items()))
+    regions = dict(sorted(state.regions.items()))
+    basis = (config, health_known, locator, tuple(regions.items()))
+    infra = _compile_infrastructure(apex, regions, config, zone_serial(state))
+    incremental = previous is not None and changed_projects is not None and previous.basis == basis
+    if incremental:
+        assert previous is not None and changed_projects is not None
+        projects = dict(previous.projects)
+        nodes = dict(previous.nodes)
+        dirty: Collection[str] = changed_projects
+    else:
+        projects, nodes, dirty = {}, {}, state.projects.keys()
+    nodes.update(infra.nodes)
+    for slug in dirty:
+        old = projects.pop(slug, None)
+        if old is not None:
+            nodes.pop(old.owner, None)
+        project = state.projects.get(slug)
+        if project is None:
+            continue
+        owner = name_from_text(f"{slug}.{config.apex}")
+        if owner in infra.nodes:
+            report.problems.append(f"project {slug}: name {slug}.{config.apex} is taken by a name server")
+            continue
+        missing = [r for r in project.regions if r not in regions]
+        if missing:
+            report.problems.append(f"project {slug}: unknown region(s) {', '.join(missing)} left out")
+        compiled = _compile_project(owner, project, regions, state.copies, config, health_known, locator)
+        projects[slug] = compiled
+        nodes[owner] = compiled.node
+    negative = negative_reply_factory(infra.soa_at)
+    # Project names are one label below the apex, so only infrastructure names can leave
+    # empty non-terminals between themselves and the apex.
+    ents = _empty_nonterminals(infra.nodes, apex)
+    return ZoneTables(apex, infra.serial, nodes, ents, negative, infra.description, projects, basis)
+
+
+@dataclass
+class _Infrastructure:
+    serial: int
+    nodes: dict[bytes, Node]
+    soa_at: Callable[[int], Section]  # the SOA for negative answers, given the apex's offset
+    description: tuple[dict[str, object], ...]
+
+
+def _compile_infrastructure(apex: bytes, regions: Mapping[str, Region], config: ZoneConfig,
+                            serial: int) -> _Infrastructure:
+    """The apex (SOA, NS with glue) and the name servers' own names."""
     ns_regions = [r for r in regions.values() if r.ns_ipv4 or r.ns_ipv6]
     ns_hosts = tuple(name_from_text(ns_host(r.name, config.apex)) for r in ns_regions)
     mname = name_from_text(config.soa_mname) if config.soa_mname else (ns_hosts[0] if ns_hosts else
@@ -95,21 +157,11 @@ def compile_zone(
     rname = name_from_text(config.hostmaster or f"hostmaster.{config.apex}")
     soa = SoaFields(mname, rname, serial, config.refresh, config.retry, config.expire, config.minimum)
 
-    def soa_at(apex_offset: int, ttl: int) -> Section:
+    def soa_at(apex_offset: int, ttl: int = config.negative_ttl) -> Section:
         suffixes = {apex[i:]: apex_offset + i for i in _label_starts(apex)}
         return soa_record(apex, soa, ttl, suffixes)
 
     nodes: dict[bytes, Node] = {}
-    description: list[dict[str, object]] = []
-
-    def node(owner: bytes, replies: dict[int, Reply], dynamic: Mapping[int, ProximityAnswer] | None = None) -> Node:
-        suffixes = suffix_offsets(owner)
-        apex_offset = 12 + len(owner) - len(apex)
-        nodata = Reply(NOERROR, aa=True, authority=soa_at(apex_offset, config.negative_ttl))
-        any_reply = Reply(NOERROR, aa=True, answer=rfc8482_hinfo(owner, config.record_ttl, suffixes))
-        return Node(replies, dynamic or {}, nodata, any_reply)
-
-    # The apex: SOA and NS with glue.
     apex_suffixes = suffix_offsets(apex)
     glue = EMPTY
     for region, host in zip(ns_regions, ns_hosts, strict=True):
@@ -119,9 +171,9 @@ def compile_zone(
         apex_replies[NS] = Reply(
             NOERROR, aa=True, answer=ns_records(apex, ns_hosts, config.ns_ttl, apex_suffixes), additional=glue
         )
-    nodes[apex] = node(apex, apex_replies)
-    description.append({"name": config.apex, "type": "SOA", "serial": serial, "mname": _text(mname)})
-
+    nodes[apex] = _node(apex, apex_replies, config)
+    description: list[dict[str, object]] = [
+        {"name": config.apex, "type": "SOA", "serial": serial, "mname": _text(mname)}]
     for region, host in zip(ns_regions, ns_hosts, strict=True):
         suffixes = suffix_offsets(host)
         replies: dict[int, Reply] = {}
@@ -130,32 +182,18 @@ def compile_zone(
             if addresses:
                 replies[qtype] = Reply(NOERROR, aa=True, answer=address_records(host, addresses, config.ns_ttl,
                                                                                   suffixes))
-        nodes[host] = node(host, replies)
-        description.append({"name": _text(host), "type": "NS glue", "addresses": list(region.ns_ipv4 +
-                                                                                      region.ns_ipv6)})
-
-    for slug, project in sorted(snapshot.projects.items()):
-        owner = name_from_text(f"{slug}.{config.apex}")
-        if owner in nodes:
-            report.problems.append(f"project {slug}: name {slug}.{config.apex} is taken by a name server")
-            continue
-        missing = [r for r in project.regions if r not in regions]
-        if missing:
-            report.problems.append(f"project {slug}: unknown region(s) {', '.join(missing)} left out")
-        compiled = _compile_project(owner, project, regions, snapshot.copies, config, health_known, locator)
-        nodes[owner] = node(owner, compiled.replies, compiled.dynamic)
-        description.append(compiled.description)
-
-    ents = _empty_nonterminals(nodes.keys(), apex)
-    negative = negative_reply_factory(lambda offset: soa_at(offset, config.negative_ttl))
-    return ZoneTables(apex, serial, nodes, ents, negative, tuple(description))
+        nodes[host] = _node(host, replies, config)
+        description.append({"name": _text(host), "type": "NS glue",
+                            "addresses": list(region.ns_ipv4 + region.ns_ipv6)})
+    return _Infrastructure(serial, nodes, soa_at, tuple(description))
 
 
-@dataclass
-class _CompiledProject:
-    replies: dict[int, Reply]
-    dynamic: dict[int, ProximityAnswer]
-    description: dict[str, object]
+def _node(owner: bytes, replies: dict[int, Reply], config: ZoneConfig,
+          dynamic: Mapping[int, ProximityAnswer] | None = None) -> Node:
+    any_reply = Reply(NOERROR, aa=True, answer=rfc8482_hinfo(owner, config.record_ttl, suffix_offsets(owner)))
+    return Node(replies, dynamic or {}, any_reply)
+
+
 
 
 def _compile_project(
@@ -166,7 +204,7 @@ def _compile_project(
     config: ZoneConfig,
     health_known: bool,
     locator: Locator | None,
-) -> _CompiledProject:
+) -> CompiledProject:
     suffixes = suffix_offsets(owner)
     ttl = config.record_ttl
 
@@ -220,7 +258,7 @@ def _compile_project(
         "primary": project.primary, "all_down": project.all_down.value, "ttl": ttl,
         "answers": answers, "targets": targets,
     }
-    return _CompiledProject(replies, dynamic, description)
+    return CompiledProject(owner, _node(owner, replies, config, dynamic), description)
 
 
 def _proximity(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
-from agent.state.model import Region
+from agent.state.model import Kind, Region
 from agent.state.store import Entry, Store
 from globaldns.answer import Responder, ResponderLimits
 from globaldns.compiler import CompileReport, ZoneConfig, compile_zone
@@ -57,6 +57,7 @@ class ZoneService:
         self._sites: tuple[Site, ...] | None = None
         self._warm: asyncio.Task[None] | None = None
         self._pending = False
+        self._changed_projects: set[str] | None = set()  # None: compile everything
         self.changed = asyncio.Event()  # set after every swap, for whoever publishes views
         store.subscribe(self._on_change)
 
@@ -69,7 +70,14 @@ class ZoneService:
             self.health_known = True
             self.rebuild()
 
-    def _on_change(self, _entries: list[Entry]) -> None:
+    def _on_change(self, entries: list[Entry]) -> None:
+        if self._changed_projects is not None:
+            for entry in entries:
+                if entry.key[0] in (Kind.PROJECT.value, Kind.COPY.value):
+                    self._changed_projects.add(entry.key[1])
+                else:
+                    self._changed_projects = None  # a region: the compiler redoes everything anyway
+                    break
         if not self._pending:
             self._pending = True
             asyncio.get_running_loop().call_soon(self._rebuild_pending)
@@ -79,11 +87,12 @@ class ZoneService:
         self.rebuild()
 
     def rebuild(self) -> None:
-        snapshot = self.store.snapshot()
-        self._refresh_locator(snapshot.regions)
+        """Compile the zone from the store now (only the projects changed since the last time)."""
+        changed, self._changed_projects = self._changed_projects, set()
+        self._refresh_locator(self.store.regions)
         report = CompileReport()
-        tables = compile_zone(snapshot, self.config, health_known=self.health_known, locator=self.locator,
-                              report=report)
+        tables = compile_zone(self.store, self.config, health_known=self.health_known, locator=self.locator,
+                              report=report, previous=self.holder.tables, changed_projects=changed)
         for problem in report.problems:
             logger.warning("zone: %s", problem)
         self.counters.zone_errors += len(report.problems)

@@ -65,12 +65,22 @@ def _with_scope(reply: Reply, scope: int) -> Reply:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """Everything answered for one owner name."""
+    """Everything answered for one owner name (other types: NODATA from ``ZoneTables.negative``).
+
+    A node never holds the SOA, so a new serial does not touch it and compiled project nodes
+    are reused from one zone generation to the next.
+    """
 
     replies: Mapping[int, Reply]  # qtype → fixed reply
     dynamic: Mapping[int, ProximityAnswer]  # qtype → reply chosen per client
-    nodata: Reply
     any_reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledProject:
+    owner: bytes
+    node: Node
+    description: dict[str, object]
 
 
 @dataclass(slots=True)
@@ -80,9 +90,15 @@ class ZoneTables:
     nodes: Mapping[bytes, Node]
     empty_nonterminals: frozenset[bytes]
     negative: Callable[[int, int], Reply]  # (rcode, apex offset) → NXDOMAIN / NODATA with SOA
-    description: tuple[dict[str, object], ...] = ()
+    infrastructure: tuple[dict[str, object], ...] = ()  # apex and name servers, for `region-agent zone`
+    projects: Mapping[str, CompiledProject] = field(default_factory=dict)
+    basis: object = None  # what every compiled project depends on besides its own records
     # rendered responses of this generation: query bytes after the ID → response after the ID
     response_memo: dict[bytes, tuple[bytes, int, int]] = field(default_factory=dict)
+
+    @property
+    def description(self) -> list[dict[str, object]]:
+        return [*self.infrastructure, *(self.projects[slug].description for slug in sorted(self.projects))]
 
     def apex_offset(self, qname_lower: bytes) -> int | None:
         """Offset of the apex inside a query name at offset 12, or None when out of zone."""
@@ -127,6 +143,7 @@ __all__ = [
     "NOERROR",
     "NXDOMAIN",
     "REFUSED_REPLY",
+    "CompiledProject",
     "Locator",
     "Node",
     "ProximityAnswer",

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from agent.checks.probe import CheckTarget, new_session, probe
 from agent.checks.rule import CheckRule, TargetHealth, TargetState
 from agent.state.model import CopyHealth, Region, copy_key, region_key
-from agent.state.store import Snapshot, Store
+from agent.state.store import StateView, Store
 
 logger = logging.getLogger("region_agent.checks")
 
@@ -45,7 +45,7 @@ class CheckConfig:
 CopyId = tuple[str, str]  # (slug, region)
 
 
-def plan_targets(snapshot: Snapshot, config: CheckConfig, *, skip_region: str | None = None
+def plan_targets(state: StateView, config: CheckConfig, *, skip_region: str | None = None
                  ) -> dict[CheckTarget, set[CopyId]]:
     """Every (address, URL) to check and the copies whose health it decides (pure).
 
@@ -53,10 +53,10 @@ def plan_targets(snapshot: Snapshot, config: CheckConfig, *, skip_region: str | 
     Kubernetes watch, which knows sooner and better than an HTTP check.
     """
     plan: dict[CheckTarget, set[CopyId]] = {}
-    for slug, project in snapshot.projects.items():
+    for slug, project in state.projects.items():
         path = config.path.format(slug=slug)
         for region_name in project.regions:
-            region = snapshot.regions.get(region_name)
+            region = state.regions.get(region_name)
             if region is None or region_name == skip_region:
                 continue
             for address in region.ipv4 + region.ipv6:
@@ -111,7 +111,7 @@ class Checker:
         """Check until cancelled; targets follow the store (call :meth:`reconcile`)."""
         self._session = new_session()
         try:
-            self.reconcile(self.store.snapshot())
+            self.reconcile(self.store)
             await asyncio.Event().wait()
         finally:
             tasks = list(self._tasks.values())
@@ -123,11 +123,11 @@ class Checker:
             self._tasks.clear()
             await self._session.close()
 
-    def reconcile(self, snapshot: Snapshot) -> None:
+    def reconcile(self, state: StateView) -> None:
         """Start loops for new targets and stop those no record uses any more."""
         if self._session is None:
             return
-        plan = plan_targets(snapshot, self.config, skip_region=self.skip_region)
+        plan = plan_targets(state, self.config, skip_region=self.skip_region)
         for target in list(self._tasks):
             if target not in plan:
                 self._tasks.pop(target).cancel()

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from agent.state.hlc import HybridClock, physical_ms
 from agent.state.model import (
@@ -76,9 +77,25 @@ def _entry_hash(entry: Entry) -> int:
     return int.from_bytes(h.digest(), "big")
 
 
+class StateView(Protocol):
+    """The live records by kind: what the zone compiler and the checks read."""
+
+    @property
+    def regions(self) -> Mapping[str, Region]: ...
+
+    @property
+    def projects(self) -> Mapping[str, Project]: ...
+
+    @property
+    def copies(self) -> Mapping[tuple[str, str], CopyHealth]: ...
+
+    @property
+    def newest_hlc(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """An immutable view of the live records, for the zone compiler and the health views."""
+    """An immutable copy of the live records (a :class:`StateView` that later writes do not change)."""
 
     regions: dict[str, Region]
     projects: dict[str, Project]
@@ -98,6 +115,12 @@ class Store:
         self._entries: dict[Key, Entry] = {}
         self._bucket_sums = [0] * BUCKETS
         self._listeners: list[Listener] = []
+        # Live records by kind, kept in step with _entries so a reader never scans or copies
+        # the whole store. Read-only for everyone else (they are the StateView).
+        self._regions: dict[str, Region] = {}
+        self._projects: dict[str, Project] = {}
+        self._copies: dict[tuple[str, str], CopyHealth] = {}
+        self._newest_hlc = 0
 
     # --- reads --------------------------------------------------------------------------
 
@@ -130,21 +153,26 @@ class Store:
         wanted = set(buckets)
         return [e for e in self._entries.values() if bucket_of(e.key) in wanted]
 
+    @property
+    def regions(self) -> Mapping[str, Region]:
+        return self._regions
+
+    @property
+    def projects(self) -> Mapping[str, Project]:
+        return self._projects
+
+    @property
+    def copies(self) -> Mapping[tuple[str, str], CopyHealth]:
+        return self._copies
+
+    @property
+    def newest_hlc(self) -> int:
+        """The greatest version this store has applied (tombstones included)."""
+        return self._newest_hlc
+
     def snapshot(self) -> Snapshot:
-        regions: dict[str, Region] = {}
-        projects: dict[str, Project] = {}
-        copies: dict[tuple[str, str], CopyHealth] = {}
-        newest = 0
-        for key, entry in self._entries.items():
-            newest = max(newest, entry.version.hlc)
-            value = entry.value
-            if isinstance(value, Region):
-                regions[key[1]] = value
-            elif isinstance(value, Project):
-                projects[key[1]] = value
-            elif isinstance(value, CopyHealth):
-                copies[(key[1], key[2])] = value
-        return Snapshot(regions, projects, copies, newest, self.digest())
+        return Snapshot(dict(self._regions), dict(self._projects), dict(self._copies), self._newest_hlc,
+                        self.digest())
 
     # --- local writes -------------------------------------------------------------------
 
@@ -198,7 +226,7 @@ class Store:
         old = [e for e in self._entries.values() if e.value is None and physical_ms(e.version.hlc) < cutoff]
         for entry in old:
             del self._entries[entry.key]
-            self._adjust(entry, -1)
+            self._adjust(entry, -1)  # tombstones are in no index
         return len(old)
 
     # --- notifications ------------------------------------------------------------------
@@ -218,10 +246,28 @@ class Store:
             self._adjust(current, -1)
         self._entries[entry.key] = entry
         self._adjust(entry, +1)
+        self._index(entry)
+        self._newest_hlc = max(self._newest_hlc, entry.version.hlc)
+
+    def _index(self, entry: Entry) -> None:
+        key, value = entry.key, entry.value
+        if key[0] == Kind.REGION.value:
+            _set_or_pop(self._regions, key[1], value)
+        elif key[0] == Kind.PROJECT.value:
+            _set_or_pop(self._projects, key[1], value)
+        else:
+            _set_or_pop(self._copies, (key[1], key[2]), value)
 
     def _adjust(self, entry: Entry, sign: int) -> None:
         bucket = bucket_of(entry.key)
         self._bucket_sums[bucket] = (self._bucket_sums[bucket] + sign * _entry_hash(entry)) % _MOD
+
+
+def _set_or_pop(index: dict[Any, Any], key: Any, value: Value | None) -> None:
+    if value is None:
+        index.pop(key, None)
+    else:
+        index[key] = value
 
 
 def entry_to_json(entry: Entry) -> dict[str, object]:
