@@ -69,7 +69,8 @@ class Agent:
 
     # --- views --------------------------------------------------------------------------
 
-    def region_view(self) -> RegionView:
+    def region_view(self, snap: Any = None) -> RegionView:
+        """What the health listener answers from; ``snap`` is a KubeSnapshot already taken."""
         tables = self.dns.tables
         now = time.time()
         common = {"region": self.settings.region, "started_at": self.started_at, "generated_at": now,
@@ -77,7 +78,7 @@ class Agent:
         if self.kube is None:
             ready = self.ready.is_set()
             return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
-        snap = self.kube.view()
+        snap = snap if snap is not None else self.kube.view()
         return RegionView(synced=snap.synced, synced_at=snap.synced_at, last_event_at=snap.last_event_at,
                           watch_errors=snap.watch_errors, copies=self._expected_copies(snap.copies),
                           bindings=snap.bindings, **common)  # type: ignore[arg-type]
@@ -165,7 +166,7 @@ class Agent:
             if snap.synced:  # before the first LIST we know nothing; unknown is not unhealthy
                 self._write_local_copies(snap.copies)
                 self._kube_synced.set()
-            self.health.publish(self.region_view())
+            self.health.publish(self.region_view(snap))
 
     def _write_local_copies(self, copies: dict[str, Any]) -> None:
         region = self.settings.region
