@@ -56,6 +56,7 @@ class Agent:
         self._kube_api: Any = None
         self._local_slugs: set[str] = set()
         self._kube_synced = asyncio.Event()
+        self._last_kube_snap: Any = None
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._stop = asyncio.Event()
@@ -78,7 +79,9 @@ class Agent:
         if self.kube is None:
             ready = self.ready.is_set()
             return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
-        snap = snap if snap is not None else self.kube.view()
+        # Between Kubernetes changes the last local view still holds (the follower publishes
+        # a new one on every change), so a zone change does not rebuild it.
+        snap = snap or self._last_kube_snap or self.kube.view()
         return RegionView(synced=snap.synced, synced_at=snap.synced_at, last_event_at=snap.last_event_at,
                           watch_errors=snap.watch_errors, copies=self._expected_copies(snap.copies),
                           bindings=snap.bindings, **common)  # type: ignore[arg-type]
@@ -162,7 +165,7 @@ class Agent:
         while True:
             await kube.changed.wait()
             kube.changed.clear()
-            snap = kube.view()
+            snap = self._last_kube_snap = kube.view()
             if snap.synced:  # before the first LIST we know nothing; unknown is not unhealthy
                 self._write_local_copies(snap.copies)
                 self._kube_synced.set()
