@@ -159,3 +159,42 @@ def test_bad_settings_stop_start_up_with_the_field_named(env: dict[str, str], ar
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 2
     assert message in result.stderr
+
+
+async def test_region_agent_health_runs_the_sidecar_fed_by_the_agent(agent: Running, tmp_path: Path) -> None:
+    """`region-agent health` answers from the agent's feed and turns stale when the agent is gone."""
+    await wait_for(lambda: _ready(agent), timeout=15, message="agent ready")
+    agent.process.send_signal(signal.SIGTERM)
+    await wait_for(lambda: agent.process.poll() is not None, timeout=10, message="in-process agent stopped")
+    sidecar_port = _free_port(socket.SOCK_STREAM)
+    env = {**os.environ, "REGION_AGENT_HEALTH__MODE": "sidecar",
+           "REGION_AGENT_HEALTH__FEED_SOCKET": str(tmp_path / "feed.sock"),
+           "REGION_AGENT_HEALTH__PORT": str(sidecar_port), "REGION_AGENT_HEALTH__AGENT_PORT": str(agent.http_port),
+           "REGION_AGENT_HEALTH__STALE_AFTER_SECONDS": "1", "REGION_AGENT_HEALTH__HEARTBEAT_INTERVAL_SECONDS": "0.2",
+           "REGION_AGENT_HEALTH__FEED_RECONNECT_MAX_SECONDS": "0.3",
+           "REGION_AGENT_HEALTH__LISTEN_ADDRESSES": '["127.0.0.1"]'}
+    config = tmp_path / "agent.yaml"
+    root = Path(__file__).resolve().parents[2]
+    with (tmp_path / "fed.log").open("wb") as fed_log, (tmp_path / "sidecar.log").open("wb") as sidecar_log:
+        fed = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], env=env, cwd=root,
+                               stdout=fed_log, stderr=subprocess.STDOUT)
+        sidecar = subprocess.Popen([sys.executable, "-m", "agent", "health", "--config", str(config)], env=env,
+                                   cwd=root, stdout=sidecar_log, stderr=subprocess.STDOUT)
+    side = Running(sidecar, agent.dns_port, sidecar_port, agent.zone, agent.copies, agent.log)
+    try:
+        await wait_for(lambda: _ready(side), timeout=15, message="sidecar ready")
+        status, body = await _get(side, "/health/region")
+        assert status == 200 and '"mode":"sidecar"' in body.replace(" ", "")
+        fed.send_signal(signal.SIGTERM)
+        assert await wait_for(lambda: _status_is(side, "/global-health/shop", 503, "stale"), timeout=10,
+                              message="stale once the agent is gone")
+    finally:
+        for process in (fed, sidecar):
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=10)
+
+
+async def _status_is(agent: Running, path: str, status: int, word: str) -> bool:
+    got, body = await _get(agent, path)
+    return got == status and word in body
