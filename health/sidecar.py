@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ async def run_sidecar(
         region=region, source=subscriber, settings=settings, registry=registry, clock=clock
     )
     await listener.start()
+    gc.freeze()  # start-up objects live as long as the process: keep them out of GC pauses
     feed = create_guarded_task(subscriber.run(), name="health-feed-subscriber")
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
