@@ -128,7 +128,7 @@ class Responder:
         started = time.perf_counter()
         tables = self.holder.tables
         if tables is None:
-            return self._unready(data)
+            return self._unready(data, tcp=tcp)
         memo = tables.response_memo
         key = data[2:] + (b"T" if tcp else b"U")
         hit = memo.get(key)
@@ -155,12 +155,12 @@ class Responder:
         self.counters.record(query.qtype, reply.rcode, time.perf_counter() - started)
         return out
 
-    def _unready(self, data: bytes) -> bytes | None:
+    def _unready(self, data: bytes, *, tcp: bool) -> bytes | None:
         """Before the first zone is compiled every query gets SERVFAIL (never a guess)."""
         try:
             query = parse_query(data)
         except MessageError as error:
             return error_response(error, our_payload=self.limits.our_payload)
         self.counters.record(query.qtype, SERVFAIL, 0.0)
-        max_size = max_response_size(query, tcp=False, our_payload=self.limits.our_payload)
+        max_size = max_response_size(query, tcp=tcp, our_payload=self.limits.our_payload)
         return render(query, SERVFAIL_REPLY, max_size=max_size, our_payload=self.limits.our_payload)

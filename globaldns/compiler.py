@@ -40,7 +40,7 @@ from globaldns.tables import (
     ZoneTables,
     negative_reply_factory,
 )
-from globaldns.wire import AAAA, NOERROR, NS, SERVFAIL, SOA, A, name_from_text
+from globaldns.wire import AAAA, NOERROR, NS, SERVFAIL, SOA, A, name_from_text, name_to_text
 
 FAMILIES = ((A, 4), (AAAA, 6))
 
@@ -158,8 +158,7 @@ def _compile_infrastructure(apex: bytes, regions: Mapping[str, Region], config: 
     soa = SoaFields(mname, rname, serial, config.refresh, config.retry, config.expire, config.minimum)
 
     def soa_at(apex_offset: int, ttl: int = config.negative_ttl) -> Section:
-        suffixes = {apex[i:]: apex_offset + i for i in _label_starts(apex)}
-        return soa_record(apex, soa, ttl, suffixes)
+        return soa_record(apex, soa, ttl, suffix_offsets(apex, apex_offset))
 
     nodes: dict[bytes, Node] = {}
     apex_suffixes = suffix_offsets(apex)
@@ -290,16 +289,6 @@ def _proximity(
     return ProximityAnswer(by_region, located, unlocated, locator)
 
 
-def _label_starts(name: bytes) -> list[int]:
-    starts = []
-    i = 0
-    while name[i]:
-        starts.append(i)
-        i += name[i] + 1
-    starts.append(i)
-    return starts
-
-
 def _empty_nonterminals(names: Iterable[bytes], apex: bytes) -> frozenset[bytes]:
     """Names between a node and the apex that own nothing themselves (RFC 8020: NODATA)."""
     existing = set(names)
@@ -315,12 +304,7 @@ def _empty_nonterminals(names: Iterable[bytes], apex: bytes) -> frozenset[bytes]
 
 
 def _text(wire: bytes) -> str:
-    labels = []
-    i = 0
-    while wire[i]:
-        labels.append(wire[i + 1:i + 1 + wire[i]].decode())
-        i += wire[i] + 1
-    return ".".join(labels)
+    return name_to_text(wire).rstrip(".")
 
 
 __all__ = ["CompileReport", "ZoneConfig", "compile_zone", "ns_host", "zone_serial"]

@@ -17,12 +17,12 @@ from globaldns.wire import AAAA, CLASS_IN, HINFO, NS, SOA, A
 QUESTION_OFFSET = 12
 
 
-def suffix_offsets(qname: bytes) -> dict[bytes, int]:
-    """Every label-boundary suffix of a (lower-case wire) name → its offset in a message."""
+def suffix_offsets(qname: bytes, at: int = QUESTION_OFFSET) -> dict[bytes, int]:
+    """Every label-boundary suffix of a (lower-case wire) name written at offset ``at`` → its offset."""
     offsets: dict[bytes, int] = {}
     i = 0
     while qname[i]:
-        offsets[qname[i:]] = QUESTION_OFFSET + i
+        offsets[qname[i:]] = at + i
         i += qname[i] + 1
     return offsets
 

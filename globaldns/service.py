@@ -9,6 +9,7 @@ new one, never a mix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -56,7 +57,7 @@ class ZoneService:
         self._geo_database: GeoDatabase | None = None
         self._sites: tuple[Site, ...] | None = None
         self._warm: asyncio.Task[None] | None = None
-        self._pending = False
+        self._pending: asyncio.Handle | None = None
         self._changed_projects: set[str] | None = set()  # None: compile everything
         self.changed = asyncio.Event()  # set after every swap, for whoever publishes views
         store.subscribe(self._on_change)
@@ -78,12 +79,11 @@ class ZoneService:
                 else:
                     self._changed_projects = None  # a region: the compiler redoes everything anyway
                     break
-        if not self._pending:
-            self._pending = True
-            asyncio.get_running_loop().call_soon(self._rebuild_pending)
+        if self._pending is None:
+            self._pending = asyncio.get_running_loop().call_soon(self._rebuild_pending)
 
     def _rebuild_pending(self) -> None:
-        self._pending = False
+        self._pending = None
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -129,8 +129,13 @@ class ZoneService:
         await self.server.start()
 
     async def stop(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()  # no compilation after the service has stopped
+            self._pending = None
         if self._warm is not None:
             self._warm.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warm
         await self.server.stop()
 
 

@@ -104,6 +104,7 @@ class Checker:
         self.first_round = asyncio.Event()
         self.states: dict[CheckTarget, TargetState] = {}
         self._plan: dict[CheckTarget, set[CopyId]] = {}
+        self._targets_of: dict[CopyId, list[CheckTarget]] = {}  # the plan inverted: a copy's targets
         self._tasks: dict[CheckTarget, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -139,6 +140,10 @@ class Checker:
                 self._tasks[target] = asyncio.get_running_loop().create_task(
                     self._loop(target), name=f"check {target.address} {target.url}")
         self._plan = plan
+        self._targets_of = {}
+        for target, copies in plan.items():
+            for copy in copies:
+                self._targets_of.setdefault(copy, []).append(target)
         self.metrics.targets.set(len(plan))
         self._check_first_round()
 
@@ -177,8 +182,8 @@ class Checker:
     def _publish(self, slug: str, region_name: str) -> None:
         region = self.store.get(region_key(region_name))
         addresses = region.ipv4 + region.ipv6 if isinstance(region, Region) else ()
-        states = {t.address: s for t, s in self.states.items()
-                  if (slug, region_name) in self._plan.get(t, ()) and t.address in addresses}
+        states = {t.address: self.states[t] for t in self._targets_of.get((slug, region_name), ())
+                  if t.address in addresses}
         health = copy_health(addresses, states)
         if health is not None:
             self.store.put(copy_key(slug, region_name), health)
