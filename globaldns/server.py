@@ -10,6 +10,7 @@ connections beyond ``max_connections`` by closing them at once.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import struct
@@ -121,24 +122,45 @@ class DnsServer:
         self.bound: list[tuple[str, int]] = []
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         for host, port in self.addresses:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            # A deep receive buffer absorbs bursts while the loop is busy elsewhere.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            # Port 0 (tests, benches): the kernel picks a free UDP port, which another process
+            # may hold for TCP; pick again rather than fail. A configured port fails at once.
+            for attempt in range(1 if port else 20):
+                try:
+                    await self._bind(host, port)
+                    break
+                except OSError as error:
+                    if port or error.errno != errno.EADDRINUSE or attempt == 19:
+                        raise
+
+    async def _bind(self, host: str, port: int) -> None:
+        """UDP and TCP on one (host, port), or neither: a half-bound address is undone."""
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        # A deep receive buffer absorbs bursts while the loop is busy elsewhere.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        try:
             sock.bind((host, port))
-            actual_port = sock.getsockname()[1]
-            transport, _ = await loop.create_datagram_endpoint(lambda: UdpProtocol(self.responder), sock=sock)
-            self._udp.append(transport)
+        except OSError:
+            sock.close()
+            raise
+        actual_port = sock.getsockname()[1]
+        transport, _ = await loop.create_datagram_endpoint(lambda: UdpProtocol(self.responder), sock=sock)
+        try:
             server = await loop.create_server(lambda: TcpProtocol(self), host, actual_port, reuse_address=True,
                                               backlog=512)
-            self._tcp.append(server)
-            self.bound.append((host, actual_port))
-            logger.info("DNS listening on %s port %d (UDP and TCP)", host, actual_port)
+        except OSError:
+            transport.close()
+            await asyncio.sleep(0)  # the transport closes its socket on the next loop turn
+            raise
+        self._udp.append(transport)
+        self._tcp.append(server)
+        self.bound.append((host, actual_port))
+        logger.info("DNS listening on %s port %d (UDP and TCP)", host, actual_port)
 
     async def stop(self) -> None:
         for transport in self._udp:

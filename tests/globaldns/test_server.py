@@ -177,3 +177,17 @@ async def test_ipv6_listener() -> None:
         assert {r.to_text() for r in response.answer[0]} == {"2001:db8::11"}
     finally:
         await srv.stop()
+
+
+async def test_a_port_taken_for_tcp_fails_start_and_leaves_udp_unbound() -> None:
+    """A configured port binds UDP and TCP together or not at all (port 0 picks again instead)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("127.0.0.1", port)])  # type: ignore[arg-type]
+        with pytest.raises(OSError):
+            await srv.start()
+        assert srv.bound == []
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", port))  # the UDP half was released
