@@ -19,11 +19,12 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from agent.base.tasks import cancel_and_wait, create_guarded_task
+from agent.base.tasks import TaskSupervisor
 from agent.checks.checker import Checker
 from agent.settings import AgentSettings
 from agent.state.hlc import HybridClock
@@ -59,7 +60,7 @@ class Agent:
         self._kube_synced = asyncio.Event()
         self._last_kube_snap: Any = None
         self.ready = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
+        self.tasks = TaskSupervisor(self.registry)
         self._stop = asyncio.Event()
         self.store.subscribe(self._on_state_change)
 
@@ -67,7 +68,7 @@ class Agent:
         # Check targets follow regions and projects; copy health (what checks write) leaves
         # them as they are, and re-planning 10,000 projects on every health flip would be waste.
         if any(entry.key[0] != Kind.COPY.value for entry in changes):
-            self.checker.reconcile(self.store)
+            self.checker.request_reconcile()  # once per burst of changes, on the next loop turn
 
     # --- views --------------------------------------------------------------------------
 
@@ -118,17 +119,18 @@ class Agent:
         self.health.publish(self.region_view())
         if self.settings.kubernetes:
             await self._start_kube()
-        self._spawn(self.checker.run(), "health checks")
-        self._spawn(self._publish_views(), "view publisher")
-        self._spawn(self._become_ready(), "readiness")
+        self._spawn(self.checker.run, "health checks")
+        self._spawn(self._publish_views, "view publisher")
+        self._spawn(self._become_ready, "readiness")
         if self.zone_file is not None:
-            self._spawn(self.zone_file.run(), "zone file watcher")
+            self._spawn(self.zone_file.run, "zone file watcher")
         # Everything built so far lives as long as the process: move it out of the garbage
         # collector's generations so full collections (pauses on the answer paths) stay short.
         gc.freeze()
 
-    def _spawn(self, coro: Any, name: str) -> None:
-        self._tasks.append(create_guarded_task(coro, name=name))
+    def _spawn(self, factory: Callable[[], Coroutine[Any, Any, Any]], name: str) -> None:
+        """Run ``factory()`` until shutdown; a failure is logged, counted, visible, and restarted."""
+        self.tasks.spawn(name, factory)
 
     async def _start_kube(self) -> None:
         from agent.kube.client import build_api_client
@@ -136,9 +138,9 @@ class Agent:
 
         self._kube_api = await build_api_client(self.settings.kube)
         self.kube = KubeSources(api=self._kube_api, settings=self.settings.kube, registry=self.registry)
-        for name, coro in self.kube.runners().items():
-            self._spawn(coro, name)
-        self._spawn(self._follow_kube(), "local copy health")
+        for name, factory in self.kube.runners().items():
+            self._spawn(factory, name)
+        self._spawn(self._follow_kube, "local copy health")
         self._start_usage()
 
     def _start_usage(self) -> None:
@@ -160,8 +162,8 @@ class Agent:
         # tasks stop in reverse order, so it also checkpoints before the watch is gone.
         usage = UsageService(self.settings.usage, region=self.settings.region, node=node, pods=pods,
                              registry=self.registry)
-        self._spawn(pods.run(), "kube-watch usage-pods")
-        self._spawn(usage.run(), "usage")
+        self._spawn(pods.run, "kube-watch usage-pods")
+        self._spawn(usage.run, "usage")
 
     async def _follow_kube(self) -> None:
         """Write this region's copy health from the watch cache on every change."""
@@ -200,8 +202,7 @@ class Agent:
             self.health.publish(self.region_view())
 
     async def stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
-        await cancel_and_wait(tasks, budget=self.settings.shutdown_budget)
+        await self.tasks.stop(budget=self.settings.shutdown_budget)
         with contextlib.suppress(Exception):
             await self.health.stop()
         await self.dns.stop()

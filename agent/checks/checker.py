@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agent.checks.probe import CheckTarget, new_session, probe
+from agent.checks.probe import CheckTarget, Outcome, new_session, probe
 from agent.checks.rule import CheckRule, TargetHealth, TargetState
 from agent.state.model import CopyHealth, Region, copy_key, region_key
 from agent.state.store import StateView, Store
@@ -79,11 +79,23 @@ def copy_health(addresses: tuple[str, ...], states: dict[str, TargetState]) -> C
 
 
 class CheckMetrics:
+    """Bounded series: per (region, address), never per project or URL.
+
+    At 2,000 projects a per-URL gauge was 4,000 series that every scrape rendered; an
+    operator asks "is that region's ingress address up", which this answers.
+    """
+
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.healthy = Gauge("region_agent_check_healthy", "1 while the target is up, 0 while down",
-                             ["address", "url"], registry=registry)
-        self.results = Counter("region_agent_check_results", "Health check results", ["result"],
-                               registry=registry)
+        self.targets_by_state = Gauge(
+            "region_agent_check_targets_by_state",
+            "Checked targets (one per project URL) at one region address, by state",
+            ["region", "address", "state"], registry=registry)
+        self.results = Counter("region_agent_check_results", "Health check results (ok, fail, local-error)",
+                               ["result"], registry=registry)
+        self.errors = Counter(
+            "region_agent_check_errors",
+            "Checks this agent could not make (kind=local: out of descriptors, buffers, memory or ports; "
+            "kind=internal: a bug in the check loop); the target keeps its state", ["kind"], registry=registry)
         self.transitions = Counter("region_agent_check_transitions", "Targets changing state", ["to"],
                                    registry=registry)
         self.duration = Histogram("region_agent_check_duration_seconds", "Time one health check took",
@@ -92,6 +104,12 @@ class CheckMetrics:
         self.targets = Gauge("region_agent_check_targets", "Targets being checked", registry=registry)
         self.last_round = Gauge("region_agent_check_last_success_timestamp_seconds",
                                 "Wall time of the last check that got an answer", registry=registry)
+        self.reconciles = Counter("region_agent_check_reconciles", "Re-plans of the check targets",
+                                  registry=registry)
+
+
+# A local error keeps the agent degraded this long after the last one (a few check rounds).
+LOCAL_ERROR_MEMORY = 30.0
 
 
 class Checker:
@@ -104,9 +122,23 @@ class Checker:
         self.first_round = asyncio.Event()
         self.states: dict[CheckTarget, TargetState] = {}
         self._plan: dict[CheckTarget, set[CopyId]] = {}
+        self._region_of: dict[CheckTarget, str] = {}
         self._targets_of: dict[CopyId, list[CheckTarget]] = {}  # the plan inverted: a copy's targets
         self._tasks: dict[CheckTarget, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._pending_reconcile: asyncio.Handle | None = None
+        self._counts: dict[tuple[str, str, str], int] = {}  # (region, address, state) -> targets
+        self.local_errors = 0
+        self.last_local_error: tuple[float, str] | None = None  # (monotonic time, detail)
+
+    def problem(self, now: float | None = None) -> str | None:
+        """Why the checker is degraded, or None: a recent check this agent could not make."""
+        if self.last_local_error is None:
+            return None
+        at, detail = self.last_local_error
+        if (time.monotonic() if now is None else now) - at > LOCAL_ERROR_MEMORY:
+            return None
+        return f"checks: {self.local_errors} local error(s), last: {detail}"
 
     async def run(self) -> None:
         """Check until cancelled; targets follow the store (call :meth:`reconcile`)."""
@@ -121,22 +153,45 @@ class Checker:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self._pending_reconcile is not None:
+                self._pending_reconcile.cancel()
+                self._pending_reconcile = None
+            # A restarted run plans from scratch; states already written stay in the store.
+            for region, address, state in list(self._counts):
+                with contextlib.suppress(KeyError):
+                    self.metrics.targets_by_state.remove(region, address, state)
             self._tasks.clear()
-            await self._session.close()
+            self.states.clear()
+            self._counts.clear()
+            self._region_of.clear()
+            session, self._session = self._session, None
+            await session.close()
+
+    def request_reconcile(self) -> None:
+        """Re-plan on the next loop turn: a burst of store changes costs one re-plan."""
+        if self._pending_reconcile is None:
+            self._pending_reconcile = asyncio.get_running_loop().call_soon(self._reconcile_pending)
+
+    def _reconcile_pending(self) -> None:
+        self._pending_reconcile = None
+        self.reconcile(self.store)
 
     def reconcile(self, state: StateView) -> None:
         """Start loops for new targets and stop those no record uses any more."""
         if self._session is None:
             return
+        self.metrics.reconciles.inc()
         plan = plan_targets(state, self.config, skip_region=self.skip_region)
         for target in list(self._tasks):
             if target not in plan:
                 self._tasks.pop(target).cancel()
-                self.states.pop(target, None)
-                self.metrics.healthy.remove(target.address, target.url)
-        for target in plan:
+                self._count(target, self.states.pop(target).health, -1)
+                self._region_of.pop(target, None)
+        for target, copies in plan.items():
             if target not in self._tasks:
                 self.states[target] = TargetState()
+                self._region_of[target] = next(iter(copies))[1]  # an address belongs to one region
+                self._count(target, TargetHealth.UNKNOWN, +1)
                 self._tasks[target] = asyncio.get_running_loop().create_task(
                     self._loop(target), name=f"check {target.address} {target.url}")
         self._plan = plan
@@ -147,31 +202,68 @@ class Checker:
         self.metrics.targets.set(len(plan))
         self._check_first_round()
 
+    def _count(self, target: CheckTarget, health: TargetHealth, delta: int) -> None:
+        key = (self._region_of.get(target, ""), target.address, health.value)
+        count = self._counts.get(key, 0) + delta
+        gauge = self.metrics.targets_by_state
+        if count > 0:
+            self._counts[key] = count
+            gauge.labels(*key).set(count)
+        else:
+            self._counts.pop(key, None)
+            with contextlib.suppress(KeyError):
+                gauge.remove(*key)
+
     async def _loop(self, target: CheckTarget) -> None:
-        assert self._session is not None
         loop = asyncio.get_running_loop()
         rule = self.config.rule
         while True:
             started = loop.time()
-            ok, detail = await probe(self._session, target, timeout=self.config.timeout,
-                                     expect=self.config.expect, user_agent=self.config.user_agent)
-            self.metrics.duration.observe(loop.time() - started)
-            self.metrics.results.labels("ok" if ok else "fail").inc()
-            if ok:
-                self.metrics.last_round.set(time.time())
-            state = self.states[target]
-            before = state.health
-            delay = state.observe(ok, detail, rule)
-            if state.health is not before:
-                self._on_transition(target, before, state)
+            try:
+                delay = await self._check_once(target)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug costs one check, never the target's loop
+                logger.exception("check %s %s: internal error", target.address, target.url)
+                self.metrics.errors.labels("internal").inc()
+                delay = rule.interval
             # A regular check keeps its cadence from the start of the previous one.
             wake = started + delay if delay == rule.interval else loop.time() + delay
             await asyncio.sleep(max(0.0, wake - loop.time()))
 
+    async def _check_once(self, target: CheckTarget) -> float:
+        """One probe and its consequences; returns the delay until the next one."""
+        assert self._session is not None
+        loop = asyncio.get_running_loop()
+        rule = self.config.rule
+        started = loop.time()
+        result = await probe(self._session, target, timeout=self.config.timeout,
+                             expect=self.config.expect, user_agent=self.config.user_agent)
+        self.metrics.duration.observe(loop.time() - started)
+        self.metrics.results.labels("local-error" if result.outcome is Outcome.LOCAL_ERROR
+                                    else "ok" if result.ok else "fail").inc()
+        if result.outcome is Outcome.LOCAL_ERROR:
+            # This process could not try: nothing was learnt about the target, whose state
+            # stays as it was. Retry soon; the agent is degraded meanwhile.
+            self.metrics.errors.labels("local").inc()
+            self.local_errors += 1
+            if self.last_local_error is None or time.monotonic() - self.last_local_error[0] > 1.0:
+                logger.error("check %s %s could not be made here: %s", target.address, target.url, result.detail)
+            self.last_local_error = (time.monotonic(), result.detail)
+            return min(rule.interval, max(rule.recheck_delay, 1.0))
+        if result.ok:
+            self.metrics.last_round.set(time.time())
+        state = self.states[target]
+        before = state.health
+        delay = state.observe(result.ok, result.detail, rule)
+        if state.health is not before:
+            self._on_transition(target, before, state)
+        return delay
+
     def _on_transition(self, target: CheckTarget, before: TargetHealth, state: TargetState) -> None:
         self.metrics.transitions.labels(state.health.value).inc()
-        up = 1 if state.health is TargetHealth.UP else 0
-        self.metrics.healthy.labels(target.address, target.url).set(up)
+        self._count(target, before, -1)
+        self._count(target, state.health, +1)
         log = logger.warning if state.health is TargetHealth.DOWN else logger.info
         log("check %s %s: %s -> %s (%s)", target.address, target.url, before.value, state.health.value,
             state.detail)

@@ -10,12 +10,39 @@ PowerDNS's ``stringmatch``.
 from __future__ import annotations
 
 import asyncio
+import enum
+import errno
 import ipaddress
 from dataclasses import dataclass
 
 import aiohttp
 
 MAX_BODY = 65_536
+
+# Errors that say *this* process could not try (no descriptors, no buffers, no memory, no
+# local port), so they are evidence about the agent, never about the remote copy.
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
+
+
+class Outcome(enum.Enum):
+    UP = "up"
+    DOWN = "down"
+    LOCAL_ERROR = "local-error"  # the check could not be made here; the target's state stays
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    outcome: Outcome
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.UP
+
+
+def _os_error_result(error: OSError, prefix: str) -> ProbeResult:
+    outcome = Outcome.LOCAL_ERROR if error.errno in LOCAL_ERRNOS else Outcome.DOWN
+    return ProbeResult(outcome, f"{prefix}{error.strerror or error}"[:200])
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +64,8 @@ class CheckTarget:
 
 
 async def probe(session: aiohttp.ClientSession, target: CheckTarget, *, timeout: float, expect: str,
-                user_agent: str) -> tuple[bool, str]:
-    """Run one check; returns (healthy, detail). Never raises except on cancellation."""
+                user_agent: str) -> ProbeResult:
+    """Run one check. Never raises except on cancellation."""
     try:
         async with asyncio.timeout(timeout):
             async with session.get(
@@ -47,18 +74,20 @@ async def probe(session: aiohttp.ClientSession, target: CheckTarget, *, timeout:
             ) as response:
                 body = await response.content.read(MAX_BODY)
     except TimeoutError:
-        return False, f"timeout after {timeout:g} s"
+        return ProbeResult(Outcome.DOWN, f"timeout after {timeout:g} s")
     except aiohttp.ClientConnectorError as exc:
-        return False, f"connect: {exc.os_error.strerror or exc.os_error}"[:200]
+        return _os_error_result(exc.os_error, "connect: ")
+    except aiohttp.ClientOSError as exc:
+        return _os_error_result(exc, f"{type(exc).__name__}: ")
     except aiohttp.ClientError as exc:
-        return False, f"{type(exc).__name__}: {exc}"[:200]
-    except OSError as exc:
-        return False, f"{type(exc).__name__}: {exc}"[:200]
+        return ProbeResult(Outcome.DOWN, f"{type(exc).__name__}: {exc}"[:200])
+    except OSError as exc:  # raised before aiohttp wraps it, e.g. socket() itself failing
+        return _os_error_result(exc, f"{type(exc).__name__}: ")
     if response.status != 200:
-        return False, f"http {response.status}"
+        return ProbeResult(Outcome.DOWN, f"http {response.status}")
     if expect.encode() not in body:
-        return False, f"body lacks {expect!r}"
-    return True, "ok"
+        return ProbeResult(Outcome.DOWN, f"body lacks {expect!r}")
+    return ProbeResult(Outcome.UP, "ok")
 
 
 def new_session() -> aiohttp.ClientSession:

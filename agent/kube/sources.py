@@ -1,8 +1,8 @@
 """The Kubernetes sources of one agent, wired from ``KubeSettings``: what the supervisor runs.
 
 ``KubeSources`` builds the Knative Service informer, the CNPG Cluster informer and the CNPG
-status poller (when ``cnpg.enabled``), gives the supervisor the coroutines to run as guarded
-tasks, one ``changed`` signal for "rebuild the RegionView", and :meth:`KubeSources.view` to do
+status poller (when ``cnpg.enabled``), gives the supervisor the coroutine factories to run as
+supervised (restartable) tasks, one ``changed`` signal for "rebuild the RegionView", and :meth:`KubeSources.view` to do
 the rebuild. ``node_pods_informer`` builds the Pods-on-this-node informer for usage metering
 from the same settings.
 
@@ -10,8 +10,8 @@ Wiring (in the supervisor)::
 
     api = await build_api_client(settings.kube)
     kube = KubeSources(api=api, settings=settings.kube, registry=registry)
-    for name, coroutine in kube.runners().items():
-        tasks.append(create_guarded_task(coroutine, name=name))
+    for name, factory in kube.runners().items():
+        supervisor.spawn(name, factory)
     while True:                      # a guarded task of its own
         await kube.changed.wait(); kube.changed.clear()
         snapshot = kube.view()       # KubeSnapshot: copies, bindings, synced, ..., watch_errors
@@ -21,7 +21,7 @@ Wiring (in the supervisor)::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -93,12 +93,13 @@ class KubeSources:
     def _informers(self) -> list[Informer[Any]]:
         return [self.services] + ([self.clusters] if self.clusters is not None else [])
 
-    def runners(self) -> dict[str, Coroutine[Any, Any, None]]:
-        """Task name → coroutine; run each as a guarded task until shutdown."""
-        runners: dict[str, Coroutine[Any, Any, None]] = {"kube-watch knative-services": self.services.run()}
+    def runners(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+        """Task name → coroutine factory; each runs until shutdown, restarted if it fails."""
+        runners: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "kube-watch knative-services": self.services.run}
         if self.clusters is not None and self.cnpg is not None:
-            runners["kube-watch cnpg-clusters"] = self.clusters.run()
-            runners["kube-cnpg-status"] = self.cnpg.run()
+            runners["kube-watch cnpg-clusters"] = self.clusters.run
+            runners["kube-cnpg-status"] = self.cnpg.run
         return runners
 
     @property

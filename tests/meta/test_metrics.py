@@ -24,7 +24,7 @@ async def test_metric_names_and_help(tmp_path: Path) -> None:
         await agent.stop()
     names = {family.name for family in families}
     assert {"region_agent_dns_responses", "region_agent_dns_answer_seconds", "region_agent_dns_zone_serial",
-            "region_agent_check_healthy", "region_agent_zone_file_reloads"} <= names
+            "region_agent_check_targets_by_state", "region_agent_zone_file_reloads"} <= names
     for family in families:
         assert family.name.startswith("region_agent_"), family.name
         assert family.documentation.strip(), f"{family.name} has no help text"

@@ -211,3 +211,43 @@ def test_copy_health_from_address_states() -> None:
     assert copy_health(("a", "b"), {"a": up, "b": unknown}) == CopyHealth(True, "ok", ("b",))
     health = copy_health(("a", "b"), {"a": down, "b": down})
     assert health is not None and not health.healthy and health.reason == "check failed: a: http 503; b: http 503"
+
+
+def test_descriptor_exhaustion_is_a_local_error_and_flips_no_copy() -> None:
+    """Out of descriptors says nothing about the remote copy: its state and the zone stay."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-m", "tests.agent.checks.emfile_child"], cwd=root,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["local_errors"] >= 5
+    assert result["states"] == ["up", "up", "up"]
+    assert result["written"] == [{"key": ["copy", "shop", "sfo1"], "healthy": True}]  # one write, never a flip
+    assert "Too many open files" in result["degraded"]
+
+
+async def test_a_burst_of_store_changes_is_one_replan(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+    _primary, _backup, port = endpoints
+    store = _store()
+    registry = CollectorRegistry()
+    checker = Checker(store, _config(port), registry)
+    store.subscribe(lambda _e: checker.request_reconcile())
+    task = await _run(checker)
+    try:
+        before = registry.get_sample_value("region_agent_check_reconciles_total")
+        for n in range(50):
+            store.put(project_key(f"p{n}"), Project(f"p{n}", ("sfo1",)))
+        await wait_for(lambda: len(checker.states) == 52, message="targets of 50 new projects")
+        assert registry.get_sample_value("region_agent_check_reconciles_total") == (before or 0) + 1
+        await wait_for(lambda: registry.get_sample_value(
+            "region_agent_check_targets_by_state",
+            {"region": "sfo1", "address": "127.0.0.21", "state": "up"}) == 51, message="51 targets up at sfo1")
+        assert registry.get_sample_value("region_agent_check_targets_by_state",
+                                         {"region": "sfo1", "address": "127.0.0.21", "state": "unknown"}) is None
+    finally:
+        await _stop(task)

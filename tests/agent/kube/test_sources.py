@@ -53,8 +53,8 @@ async def running() -> AsyncIterator[list[asyncio.Task[None]]]:
 
 
 def start(sources: KubeSources, tasks: list[asyncio.Task[None]]) -> None:
-    for name, coroutine in sources.runners().items():
-        tasks.append(asyncio.create_task(coroutine, name=name))
+    for name, factory in sources.runners().items():
+        tasks.append(asyncio.create_task(factory(), name=name))
 
 
 async def test_copies_and_bindings_follow_the_cluster(
