@@ -25,10 +25,9 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "agent.yaml"
 def _run(coro: Coroutine[Any, Any, int]) -> int:
     try:
         import uvloop
-
-        return int(uvloop.run(coro))
     except ImportError:  # uvloop is optional off Linux/macOS
         return asyncio.run(coro)
+    return int(uvloop.run(coro))
 
 
 def _settings(args: argparse.Namespace, **overrides: Any) -> AgentSettings:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from agent.base.names import region_name
 from agent.checks.settings import ChecksSettings
@@ -107,6 +108,8 @@ class _YamlSource(PydanticBaseSettingsSource):
                 data = yaml.safe_load(handle)
         except OSError as exc:
             raise SettingsError(f"config file {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise SettingsError(f"config file {path}: not UTF-8 (byte {exc.start})") from None
         except yaml.YAMLError as exc:
             raise SettingsError(f"config file {path}: not valid YAML: {exc}") from exc
         if data is None:
@@ -125,9 +128,20 @@ def load_settings(config: Path | None = None, **overrides: Any) -> AgentSettings
         os.environ[CONFIG_ENV] = str(config)
     try:
         return AgentSettings(**overrides)
+    except PydanticSettingsError as exc:  # an environment value that is not JSON where JSON is due
+        raise SettingsError(f"invalid settings: {exc}: {_env_hint(str(exc))}") from None
     except ValidationError as exc:
         lines = []
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"]) or "settings"
             lines.append(f"  {where}: {error['msg']}")
         raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+def _env_hint(message: str) -> str:
+    """Name the environment variables behind a field pydantic-settings could not parse."""
+    field = message.split('"')[1] if message.count('"') >= 2 else ""
+    prefix = f"REGION_AGENT_{field.upper()}"
+    names = sorted(n for n in os.environ if n == prefix or n.startswith(prefix + "__"))
+    shown = ", ".join(f"{n}={os.environ[n]!r}" for n in names) or "see the REGION_AGENT_* variables"
+    return f"{shown}; lists and mappings are written as JSON, e.g. REGION_AGENT_DNS__LISTEN_ADDRESSES='[\"127.0.0.1\"]'"
