@@ -8,13 +8,12 @@ Layers, lowest first (each module's docstring gives its design reason):
 * ``api``         the two HTTP calls (GET JSON, JSON-lines stream) over ``ApiClient.call_api``.
 * ``cache``       ``Cache[T]`` and ``WatchEvent[T]``: pure store semantics (relist → DELETED).
 * ``watch``       ``Informer[T]``: list + watch of any collection (PLATFORM.md §2.5).
-* ``models``      ``KnativeService``, ``CnpgCluster``, ``NodePod`` records and ``from_api`` converters.
+* ``models``      ``KnativeService``, ``CnpgCluster`` records and ``from_api`` converters.
 * ``copy_health`` pure: a Knative Service (+ bindings) → ``CopyStatus`` (PLATFORM.md §1.3).
 * ``cnpg_status`` pure: instance-manager status → ``BindingStatus`` (PLATFORM.md §5.2).
 * ``cnpg_poller`` polls ``/pg/status`` (and the exporter's lag) of every bound Cluster.
 * ``local_view``  pure: caches → ``dict[slug, CopyStatus]`` and ``tuple[BindingStatus, ...]``.
-* ``sources``     ``KubeSources``: everything above wired from ``KubeSettings`` for the supervisor,
-  and ``node_pods_informer`` for usage metering.
+* ``sources``     ``KubeSources``: everything above wired from ``KubeSettings`` for the supervisor.
 
 Only ``agent.base`` and ``agent.state`` are imported from the rest of the project.
 

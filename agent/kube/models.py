@@ -18,33 +18,16 @@ import sys
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from functools import lru_cache
 from typing import Any, TypeVar
 
 from agent.kube.errors import MalformedObjectError
-from agent.kube.quantity import QuantityError, parse_quantity
 
 Labels = tuple[tuple[str, str], ...]
 
 MESSAGE_LIMIT = 300  # condition messages can be whole stack traces; keep the start
 
 KNATIVE_CONDITIONS = ("Ready", "ConfigurationsReady", "RoutesReady")
-POD_LABELS = (
-    "serving.knative.dev/service",
-    "serving.knative.dev/revision",
-    "serving.knative.dev/configuration",
-    "serving.knative.dev/serviceUID",
-    "serving.knative.dev/revisionUID",
-    "app",
-)
-POD_ANNOTATIONS = (
-    "autoscaling.knative.dev/min-scale",
-    "autoscaling.knative.dev/max-scale",
-    "autoscaling.knative.dev/minScale",
-    "autoscaling.knative.dev/maxScale",
-)
-GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915")
 
 
 # -- tolerant field access --------------------------------------------------------------------
@@ -281,154 +264,3 @@ def _is_replica(name: str, replica: Mapping[str, Any]) -> bool:
 
 
 # -- Pod on this node (usage metering) --------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerTimes:
-    """One container's state: readiness and the running interval, as Unix seconds."""
-
-    name: str
-    ready: bool = False
-    running_since: float | None = None
-    terminated_at: float | None = None
-    restart_count: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceRequests:
-    """The pod's effective requests (Kubernetes rules, see :func:`effective_requests`)."""
-
-    cpu: Decimal = Decimal(0)  # cores
-    memory: Decimal = Decimal(0)  # bytes
-    extended: tuple[tuple[str, Decimal], ...] = ()  # e.g. ("nvidia.com/gpu", 1)
-
-    @property
-    def gpus(self) -> Decimal:
-        return sum((amount for name, amount in self.extended if name in GPU_RESOURCES), Decimal(0))
-
-
-@dataclass(frozen=True, slots=True)
-class NodePod:
-    """A pod on this node, for usage sessions (PLATFORM.md §1.5-1.6)."""
-
-    namespace: str
-    name: str
-    uid: str = ""
-    node: str = ""
-    phase: str = ""
-    labels: Labels = ()
-    annotations: Labels = ()
-    containers: tuple[ContainerTimes, ...] = ()
-    requests: ResourceRequests = ResourceRequests()
-    created_at: float | None = None
-    started_at: float | None = None  # status.startTime
-    deleting_at: float | None = None  # metadata.deletionTimestamp
-
-    @classmethod
-    def from_api(
-        cls,
-        obj: Mapping[str, Any],
-        *,
-        keep_labels: Iterable[str] = POD_LABELS,
-        keep_annotations: Iterable[str] = POD_ANNOTATIONS,
-    ) -> NodePod:
-        metadata, namespace, name = _metadata(obj)
-        spec = _mapping(obj.get("spec"))
-        status = _mapping(obj.get("status"))
-        return cls(
-            namespace=namespace,
-            name=name,
-            uid=_text(metadata.get("uid")),
-            node=_text(spec.get("nodeName")),
-            phase=_text(status.get("phase")),
-            labels=_subset(metadata.get("labels"), keep_labels),
-            annotations=_subset(metadata.get("annotations"), keep_annotations),
-            containers=tuple(_container_times(s) for s in _list(status.get("containerStatuses"))),
-            requests=effective_requests(spec),
-            created_at=parse_time(metadata.get("creationTimestamp")),
-            started_at=parse_time(status.get("startTime")),
-            deleting_at=parse_time(metadata.get("deletionTimestamp")),
-        )
-
-    def label(self, key: str) -> str | None:
-        return _lookup(self.labels, key)
-
-    def annotation(self, key: str) -> str | None:
-        return _lookup(self.annotations, key)
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.containers) and all(c.ready for c in self.containers)
-
-
-def _container_times(raw: Any) -> ContainerTimes:
-    entry = _mapping(raw)
-    state = _mapping(entry.get("state"))
-    running = _mapping(state.get("running"))
-    terminated = _mapping(state.get("terminated"))
-    return ContainerTimes(
-        name=_text(entry.get("name")),
-        ready=_flag(entry.get("ready")),
-        running_since=parse_time(running.get("startedAt")),
-        terminated_at=parse_time(terminated.get("finishedAt")),
-        restart_count=_integer(entry.get("restartCount")) or 0,
-    )
-
-
-def _container_requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
-    """Requests of one container; a resource with only a limit requests its limit (API defaulting)."""
-    resources = _mapping(container.get("resources"))
-    merged = {**_mapping(resources.get("limits")), **_mapping(resources.get("requests"))}
-    result = {}
-    for name, value in merged.items():
-        try:
-            result[name] = parse_quantity(value)
-        except QuantityError:
-            continue  # the apiserver validates quantities; a bad one here is not worth a crash
-    return result
-
-
-def _add(total: dict[str, Decimal], more: Mapping[str, Decimal]) -> None:
-    for name, amount in more.items():
-        total[name] = total.get(name, Decimal(0)) + amount
-
-
-def effective_requests(spec: Mapping[str, Any]) -> ResourceRequests:
-    """Pod requests as the scheduler counts them.
-
-    ``max(sum(app containers) + sum(sidecars), max over init containers of (init + sidecars
-    started before it)) + overhead``, per resource; sidecars are init containers with
-    ``restartPolicy: Always``.
-    """
-    running: dict[str, Decimal] = {}
-    for container in _list(spec.get("containers")):
-        _add(running, _container_requests(_mapping(container)))
-    sidecars: dict[str, Decimal] = {}
-    init_peak: dict[str, Decimal] = {}
-    for container in _list(spec.get("initContainers")):
-        entry = _mapping(container)
-        requests = _container_requests(entry)
-        if entry.get("restartPolicy") == "Always":
-            _add(sidecars, requests)
-            continue
-        during = dict(sidecars)
-        _add(during, requests)
-        for name, amount in during.items():
-            init_peak[name] = max(init_peak.get(name, Decimal(0)), amount)
-    _add(running, sidecars)
-    total = {
-        name: max(running.get(name, Decimal(0)), init_peak.get(name, Decimal(0)))
-        for name in running.keys() | init_peak.keys()
-    }
-    overhead = {}
-    for name, value in _mapping(spec.get("overhead")).items():
-        try:
-            overhead[name] = parse_quantity(value)
-        except QuantityError:
-            continue
-    _add(total, overhead)
-    return ResourceRequests(
-        cpu=total.pop("cpu", Decimal(0)),
-        memory=total.pop("memory", Decimal(0)),
-        extended=tuple(sorted(total.items())),
-    )

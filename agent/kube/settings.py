@@ -187,10 +187,6 @@ class KubeSettings(BaseModel):
         description="This node's name (downward API `spec.nodeName`), for the Pods-on-this-node watch of "
         "usage metering. None: no pod watch.",
     )
-    pod_label_selector: str = Field(
-        default="serving.knative.dev/service",
-        description="Label selector of the pods metered on this node; default: every Knative pod.",
-    )
     lag_threshold: float = Field(
         default=30.0,
         gt=0,

@@ -31,8 +31,8 @@ from prometheus_client import CollectorRegistry
 from agent.base.clock import Clock, SystemClock
 from agent.kube.cnpg_poller import CnpgStatusPoller
 from agent.kube.local_view import ServiceVerdicts, build_local_view
-from agent.kube.models import CnpgCluster, KnativeService, NodePod
-from agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES, PODS
+from agent.kube.models import CnpgCluster, KnativeService
+from agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES
 from agent.kube.settings import KubeSettings
 from agent.kube.watch import Informer
 from agent.state.local import BindingStatus, CopyStatus
@@ -128,22 +128,3 @@ class KubeSources:
             last_event_at=max(event_times) if event_times else None,
             watch_errors=tuple(i.error for i in informers if i.error),
         )
-
-
-def node_pods_informer(
-    *, api: Any, settings: KubeSettings, registry: CollectorRegistry, clock: Clock | None = None
-) -> Informer[NodePod] | None:
-    """Pods on this node for usage metering (``spec.nodeName`` field selector); None without a node name."""
-    if not settings.node_name:
-        return None
-    return Informer(
-        api=api,
-        resource=PODS,
-        convert=NodePod.from_api,
-        label_selector=settings.pod_label_selector or None,
-        field_selector=f"spec.nodeName={settings.node_name}",
-        settings=settings.watch,
-        registry=registry,
-        clock=clock,
-        name="node-pods",
-    )

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES, PODS
 from agent.kube.settings import CnpgStatusSettings, KubeSettings
-from agent.kube.sources import KubeSources, node_pods_informer
+from agent.kube.sources import KubeSources
 from agent.state.local import CopyReason
 from tests.agent.kube.conftest import FAST_WATCH
 from tests.conftest import wait_for
@@ -150,19 +150,3 @@ async def test_without_cnpg_there_is_no_data_condition(
     assert [task.get_name() for task in running] == ["kube-watch knative-services"]
     await wait_for(lambda: sources.view().synced, message="synced")
     assert sources.view().copies["shop"].healthy and sources.view().bindings == ()
-
-
-async def test_node_pods_informer_watches_only_this_node(
-    fake: FakeKubeApi, api: Any, running: list[asyncio.Task[None]]
-) -> None:
-    assert node_pods_informer(api=api, settings=KubeSettings(), registry=CollectorRegistry()) is None
-    fake.put(PODS, pod("mine", node="node-a"))
-    fake.put(PODS, pod("theirs", node="node-b"))
-    informer = node_pods_informer(
-        api=api, settings=KubeSettings(node_name="node-a", watch=FAST_WATCH), registry=CollectorRegistry()
-    )
-    assert informer is not None
-    running.append(asyncio.create_task(informer.run()))
-    await wait_for(informer.synced.is_set)
-    assert set(informer.items) == {"projects/mine"}
-    assert informer.items["projects/mine"].requests.cpu > 0

@@ -9,9 +9,11 @@ from prometheus_client import CollectorRegistry
 
 from agent.kube.cache import WatchEvent
 from agent.kube.errors import MalformedObjectError
-from agent.kube.models import KnativeService, NodePod
+from agent.kube.models import KnativeService
 from agent.kube.resources import KNATIVE_SERVICES, PODS
 from agent.kube.watch import Informer
+from agent.usage.pods import pod_converter
+from agent.usage.settings import UsageSettings
 from tests.agent.kube.conftest import FAST_WATCH, InformerFactory
 from tests.conftest import wait_for
 from tests.fakes.kube_api import FakeKubeApi
@@ -263,7 +265,7 @@ async def test_selectors_are_sent_and_objects_leaving_them_are_deleted(
     fake.put(PODS, pod("not-knative", node="node-a", labels={"app": "x"}))
     informer = await start_informer(
         resource=PODS,
-        convert=NodePod.from_api,
+        convert=pod_converter(UsageSettings()),
         label_selector="serving.knative.dev/service",
         field_selector="spec.nodeName=node-a",
         name="node-pods",
