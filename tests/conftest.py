@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar, overload
+
+import pytest
 
 T = TypeVar("T")
 
@@ -60,3 +63,17 @@ def wait_for_sync(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {message}; last value {result!r}")
         time.sleep(interval)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under CI a skipped ``external`` test is a failure: the program it needs must be installed.
+
+    ``scripts/test.sh`` installs every program those tests drive; a skip there would let a
+    broken install step pass unnoticed.
+    """
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and os.environ.get("CI") and item.get_closest_marker("external") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"external test skipped under CI: {report.longrepr}"
