@@ -30,7 +30,7 @@ from agent.settings import AgentSettings
 from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
 from agent.state.model import CopyHealth, Kind, copy_key
-from agent.state.store import Entry, Store
+from agent.state.store import TOMBSTONE_SWEEP_SECONDS, Entry, Store
 from agent.zonefile import ZoneFileWatcher
 from globaldns.service import ZoneService
 from health.service import HealthService
@@ -44,7 +44,8 @@ class Agent:
         self.settings = settings
         self.registry = CollectorRegistry()
         self.started_at = time.time()
-        self.store = Store(writer=settings.writer_id, clock=HybridClock(lambda: int(time.time() * 1000)))
+        self.store = Store(writer=settings.writer_id, clock=HybridClock(lambda: int(time.time() * 1000)),
+                           registry=self.registry)
         self.zone_file: ZoneFileWatcher | None = None
         if settings.zone_file is not None:
             self.zone_file = ZoneFileWatcher(settings.zone_file, self.store, self.registry,
@@ -122,6 +123,7 @@ class Agent:
         self._spawn(self.checker.run, "health checks")
         self._spawn(self._publish_views, "view publisher")
         self._spawn(self._become_ready, "readiness")
+        self._spawn(self._sweep_tombstones, "tombstone expiry")
         if self.zone_file is not None:
             self._spawn(self.zone_file.run, "zone file watcher")
         # Everything built so far lives as long as the process: move it out of the garbage
@@ -194,6 +196,14 @@ class Agent:
         logger.info("ready: zone serial %s", self.dns.tables.serial if self.dns.tables else None)
         self.health.publish(self.region_view())
         await asyncio.Event().wait()
+
+    async def _sweep_tombstones(self) -> None:
+        """Drop deletes older than the store's TTL, so the store does not grow forever."""
+        while True:
+            await asyncio.sleep(TOMBSTONE_SWEEP_SECONDS)
+            dropped = self.store.expire_tombstones()
+            if dropped:
+                logger.info("state: %d tombstone(s) expired", dropped)
 
     async def _publish_views(self) -> None:
         while True:

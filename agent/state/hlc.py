@@ -40,14 +40,22 @@ class HybridClock:
         self._last = wall if wall > self._last else self._last + 1
         return self._last
 
-    def observe(self, remote: int) -> None:
-        """Account for a timestamp received from another writer."""
+    def check(self, remote: int) -> None:
+        """Raise :class:`ClockDriftError` if ``remote`` is too far ahead; changes nothing."""
         if physical_ms(remote) - self._wall_ms() > MAX_FORWARD_DRIFT_MS:
             raise ClockDriftError(
                 f"remote timestamp {physical_ms(remote)} ms is more than "
                 f"{MAX_FORWARD_DRIFT_MS} ms ahead of local wall clock"
             )
+
+    def observe(self, remote: int) -> None:
+        """Account for a timestamp received from another writer."""
+        self.check(remote)
         self._last = max(self._last, remote)
+
+    def wall_ms(self) -> int:
+        """The wall clock this HLC reads (milliseconds since the epoch)."""
+        return self._wall_ms()
 
     @property
     def last(self) -> int:

@@ -11,7 +11,11 @@ gossip). Each key has exactly one owner, the only kind of writer allowed to chan
 
 Writer ids say which owner roles they hold: ``<region>/<node>`` for an agent,
 ``control/<id>`` for the control plane, and ``standalone/<host>`` for a standalone agent
-that is the whole system by itself and may write every key.
+that is the whole system by itself and may write every key. A standalone writer's entries
+are never accepted from a peer (:func:`may_merge`): replicated, its right to write every
+key would let it overwrite every region.
+
+Entries are encoded with :data:`SCHEMA_VERSION`; a decoder refuses any other version.
 """
 
 from __future__ import annotations
@@ -225,15 +229,57 @@ def owner_of(key: Key) -> str:
     return "control"
 
 
+STANDALONE = "standalone"
+CONTROL = "control"
+
+# The version of the entry encoding (``agent.state.store.entry_to_json``). Bump it when a
+# record's shape changes in a way an older agent would misread; an agent refuses entries
+# of a version it does not know rather than guess at them.
+SCHEMA_VERSION = 1
+
+
+def writer_role(writer: str) -> str:
+    """The role of a writer id ``<role>/<node>``: a region name, ``control`` or ``standalone``.
+
+    Raises :class:`ModelError` for anything else (writer ids arrive from peers).
+    """
+    role, slash, node = writer.partition("/")
+    if not slash or not node or "/" in node:
+        raise ModelError(f"writer id {writer!r} must be <role>/<node>")
+    if role not in (STANDALONE, CONTROL):
+        try:
+            region_name(role)
+        except ValueError as exc:
+            raise ModelError(f"writer id {writer!r}: role must be a region, {CONTROL} or {STANDALONE}") from exc
+    return role
+
+
 def may_write(writer: str, key: Key) -> bool:
     """Whether a writer id holds the owner role of ``key`` (see the module docstring)."""
     scope, _, _ = writer.partition("/")
-    if scope == "standalone":
+    if scope == STANDALONE:
         return True
     owner = owner_of(key)
-    if scope == "control":
-        return owner == "control"
+    if scope == CONTROL:
+        return owner == CONTROL
     return owner == f"region:{scope}"
+
+
+def may_merge(writer: str, key: Key) -> bool:
+    """Whether an entry of ``writer`` for ``key`` may come from a peer: its owner, never standalone."""
+    return writer_role(writer) != STANDALONE and may_write(writer, key)
+
+
+def value_matches(key: Key, value: Value) -> bool:
+    """Whether ``value`` is the record type of ``key``'s kind and names the same key."""
+    kind = check_key(key)
+    if not isinstance(value, _CODECS[kind]):
+        return False
+    if isinstance(value, Region):
+        return value.name == key[1]
+    if isinstance(value, Project):
+        return value.slug == key[1]
+    return True
 
 
 def encode_value(value: Value) -> dict[str, Any]:

@@ -10,19 +10,41 @@ The digest is the sum, modulo 2**128, of one hash per entry, kept per bucket (th
 byte of a hash of the key): adding or replacing an entry updates it in O(1), two stores
 compare in one message, and differing buckets say which entries to exchange.
 
+Writes come in batches: :meth:`Store.put_many` (local) and :meth:`Store.merge` (from peers)
+apply a whole batch and then notify each listener once with every entry that changed, so
+a reload of 1,000 projects costs one recompilation, not 1,000.
+
+Merge policy: each entry of a batch is validated first (key shape, record type, writer id,
+owner, schema, clock drift); a rejected entry is reported in :class:`MergeResult` with its
+reason and counted (``region_agent_state_merge_rejected_total{reason}``), and every other
+entry still applies. One bad entry from a peer must not hold back the good ones, and since
+merge is idempotent and order-free, a later anti-entropy round repairs what was refused
+once the sender is fixed. A local batch (``put_many``) is all-or-nothing instead: a bad
+local write is a bug of the caller and raises before anything changes.
+
+Tombstones are kept :data:`TOMBSTONE_TTL_SECONDS` (a day; it must exceed the longest time
+an agent can be partitioned away and come back, or its old copy of a deleted key would
+return) and swept every :data:`TOMBSTONE_SWEEP_SECONDS` by the supervisor calling
+:meth:`Store.expire_tombstones`.
+
 This module does no I/O and never awaits: callers own locking-free single-loop access.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.state.hlc import HybridClock, physical_ms
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from agent.state.hlc import ClockDriftError, HybridClock, physical_ms
 from agent.state.model import (
+    SCHEMA_VERSION,
+    STANDALONE,
     CopyHealth,
     Key,
     Kind,
@@ -32,10 +54,14 @@ from agent.state.model import (
     Value,
     check_key,
     may_write,
+    value_matches,
+    writer_role,
 )
 
 BUCKETS = 256
 _MOD = 1 << 128
+TOMBSTONE_TTL_SECONDS = 86_400.0
+TOMBSTONE_SWEEP_SECONDS = 600.0
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -57,6 +83,58 @@ class Entry:
 
 class OwnershipError(PermissionError):
     """A writer tried to change a key it does not own."""
+
+
+class RejectReason(enum.StrEnum):
+    """Why :meth:`Store.merge` refused an entry (the ``reason`` label of the counter)."""
+
+    BAD_KEY = "bad-key"  # unknown kind or wrong shape
+    BAD_VALUE = "bad-value"  # not the record type of the key's kind, or names another key
+    BAD_WRITER = "bad-writer"  # a writer id that is not <role>/<node>
+    STANDALONE_WRITER = "standalone-writer"  # standalone agents are never replicated
+    NOT_OWNER = "not-owner"  # the writer does not hold the key's owner role
+    CLOCK_DRIFT = "clock-drift"  # an HLC too far ahead of our wall clock
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    entry: Entry
+    reason: RejectReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What a merge did: entries applied (one per key, the winner), refused, and already known."""
+
+    applied: list[Entry]
+    rejected: list[Rejected]
+    stale: int
+
+
+def check_remote(entry: Entry, clock: HybridClock) -> Rejected | None:
+    """Validate one entry from a peer without changing anything; None when it may apply."""
+    try:
+        check_key(entry.key)
+    except ModelError as exc:
+        return Rejected(entry, RejectReason.BAD_KEY, str(exc))
+    if entry.value is not None and not value_matches(entry.key, entry.value):
+        detail = f"{type(entry.value).__name__} is not a record for {entry.key!r}"
+        return Rejected(entry, RejectReason.BAD_VALUE, detail)
+    writer = entry.version.writer
+    try:
+        role = writer_role(writer)
+    except ModelError as exc:
+        return Rejected(entry, RejectReason.BAD_WRITER, str(exc))
+    if role == STANDALONE:
+        return Rejected(entry, RejectReason.STANDALONE_WRITER, f"writer {writer} is a standalone agent")
+    if not may_write(writer, entry.key):
+        return Rejected(entry, RejectReason.NOT_OWNER, f"writer {writer} does not own {entry.key!r}")
+    try:
+        clock.check(entry.version.hlc)
+    except ClockDriftError as exc:
+        return Rejected(entry, RejectReason.CLOCK_DRIFT, str(exc))
+    return None
 
 
 def _key_bytes(key: Key) -> bytes:
@@ -107,12 +185,29 @@ class Snapshot:
 Listener = Callable[[list[Entry]], None]
 
 
+class StoreMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rejected = Counter("region_agent_state_merge_rejected", "Entries from peers refused by merge",
+                                ["reason"], registry=registry)
+        self.applied = Counter("region_agent_state_merge_applied", "Entries from peers that changed the store",
+                               registry=registry)
+        self.expired = Counter("region_agent_state_tombstones_expired", "Tombstones dropped after their TTL",
+                               registry=registry)
+        self.tombstones = Gauge("region_agent_state_tombstones", "Tombstones held", registry=registry)
+        for reason in RejectReason:
+            self.rejected.labels(reason.value)
+
+
 class Store:
-    def __init__(self, *, writer: str, clock: HybridClock, tombstone_ttl: float = 86_400.0) -> None:
+    def __init__(self, *, writer: str, clock: HybridClock, tombstone_ttl: float = TOMBSTONE_TTL_SECONDS,
+                 registry: CollectorRegistry | None = None) -> None:
+        writer_role(writer)
         self.writer = writer
         self.clock = clock
         self.tombstone_ttl_ms = int(tombstone_ttl * 1000)
+        self.metrics = StoreMetrics(registry if registry is not None else CollectorRegistry())
         self._entries: dict[Key, Entry] = {}
+        self._tombstones: dict[Key, Entry] = {}
         self._bucket_sums = [0] * BUCKETS
         self._listeners: list[Listener] = []
         # Live records by kind, kept in step with _entries so a reader never scans or copies
@@ -178,55 +273,93 @@ class Store:
 
     def put(self, key: Key, value: Value) -> Entry | None:
         """Write ``value`` as this store's writer; returns None when nothing changed."""
-        return self._write(key, value)
+        changed = self.put_many([(key, value)])
+        return changed[0] if changed else None
 
     def delete(self, key: Key) -> Entry | None:
-        return self._write(key, None)
+        changed = self.put_many([(key, None)])
+        return changed[0] if changed else None
 
-    def _write(self, key: Key, value: Value | None) -> Entry | None:
-        check_key(key)
-        if not may_write(self.writer, key):
-            raise OwnershipError(f"writer {self.writer} does not own {key!r}")
-        current = self._entries.get(key)
-        if current is None and value is None:
-            return None
-        if current is not None and current.value == value:
-            return None  # same content: no new version, no churn in gossip or the zone
-        entry = Entry(key, value, Version(self.clock.now(), self.writer))
-        self._apply(entry)
-        self._notify([entry])
-        return entry
+    def put_many(self, items: Iterable[tuple[Key, Value | None]]) -> list[Entry]:
+        """Write a batch as this store's writer (``None`` deletes); returns the entries that changed.
+
+        The whole batch is checked before anything changes (a bad key, record or owner
+        raises and the store stays as it was); listeners then hear once, with every change.
+        A key given twice takes its last value; a value equal to the current one makes no
+        new version (no churn in gossip or the zone).
+        """
+        batch: dict[Key, Value | None] = {}
+        for key, value in items:
+            check_key(key)
+            if not may_write(self.writer, key):
+                raise OwnershipError(f"writer {self.writer} does not own {key!r}")
+            if value is not None and not value_matches(key, value):
+                raise ModelError(f"{type(value).__name__} is not a record for {key!r}")
+            batch[key] = value
+        changed: list[Entry] = []
+        for key, value in batch.items():
+            current = self._entries.get(key)
+            if current is None and value is None:
+                continue
+            if current is not None and current.value == value:
+                continue
+            entry = Entry(key, value, Version(self.clock.now(), self.writer))
+            self._apply(entry)
+            changed.append(entry)
+        if changed:
+            self._notify(changed)
+        return changed
 
     # --- remote entries -----------------------------------------------------------------
 
-    def merge(self, entries: Iterable[Entry]) -> list[Entry]:
-        """Apply entries from a peer; returns those that changed this store.
+    def merge(self, entries: Iterable[Entry]) -> MergeResult:
+        """Apply a batch of entries from a peer (see the merge policy in the module docstring).
 
-        An entry from a writer that does not own its key is refused (raises), so a peer
-        can not rewrite another region's health; a stale entry is ignored.
+        Every entry is validated before any applies; per key the greatest version in the
+        batch is the candidate, and it applies when it is newer than what the store holds.
+        Listeners hear once, with exactly the applied entries.
         """
-        applied: list[Entry] = []
+        rejected: list[Rejected] = []
+        winners: dict[Key, Entry] = {}
         for entry in entries:
-            check_key(entry.key)
-            if not may_write(entry.version.writer, entry.key):
-                raise OwnershipError(f"writer {entry.version.writer} does not own {entry.key!r}")
+            problem = check_remote(entry, self.clock)
+            if problem is not None:
+                rejected.append(problem)
+                continue
+            best = winners.get(entry.key)
+            if best is None or entry.version > best.version:
+                winners[entry.key] = entry
+        applied: list[Entry] = []
+        stale = 0
+        for key, entry in winners.items():
             self.clock.observe(entry.version.hlc)
-            current = self._entries.get(entry.key)
+            current = self._entries.get(key)
             if current is not None and current.version >= entry.version:
+                stale += 1
                 continue
             self._apply(entry)
             applied.append(entry)
+        for problem in rejected:
+            self.metrics.rejected.labels(problem.reason.value).inc()
+        self.metrics.applied.inc(len(applied))
         if applied:
             self._notify(applied)
-        return applied
+        return MergeResult(applied, rejected, stale)
 
-    def expire_tombstones(self, now_wall_ms: int) -> int:
-        """Drop tombstones older than the TTL; returns how many were dropped."""
-        cutoff = now_wall_ms - self.tombstone_ttl_ms
-        old = [e for e in self._entries.values() if e.value is None and physical_ms(e.version.hlc) < cutoff]
+    def expire_tombstones(self, now_wall_ms: int | None = None) -> int:
+        """Drop tombstones older than the TTL; returns how many were dropped.
+
+        Listeners are not told: a tombstone is in no index, so nothing they read changes.
+        """
+        now = self.clock.wall_ms() if now_wall_ms is None else now_wall_ms
+        cutoff = now - self.tombstone_ttl_ms
+        old = [e for e in self._tombstones.values() if physical_ms(e.version.hlc) < cutoff]
         for entry in old:
             del self._entries[entry.key]
-            self._adjust(entry, -1)  # tombstones are in no index
+            del self._tombstones[entry.key]
+            self._adjust(entry, -1)
+        self.metrics.expired.inc(len(old))
+        self.metrics.tombstones.set(len(self._tombstones))
         return len(old)
 
     # --- notifications ------------------------------------------------------------------
@@ -245,6 +378,10 @@ class Store:
         if current is not None:
             self._adjust(current, -1)
         self._entries[entry.key] = entry
+        if entry.value is None:
+            self._tombstones[entry.key] = entry
+        elif current is not None and current.value is None:
+            del self._tombstones[entry.key]
         self._adjust(entry, +1)
         self._index(entry)
         self._newest_hlc = max(self._newest_hlc, entry.version.hlc)
@@ -274,6 +411,7 @@ def entry_to_json(entry: Entry) -> dict[str, object]:
     from agent.state.model import encode_value
 
     return {
+        "v": SCHEMA_VERSION,
         "key": list(entry.key),
         "value": None if entry.value is None else encode_value(entry.value),
         "hlc": entry.version.hlc,
@@ -285,6 +423,9 @@ def entry_from_json(data: dict[str, object]) -> Entry:
     """Decode an entry received from outside; bad input raises :class:`ModelError`."""
     from agent.state.model import decode_value
 
+    version = data.get("v")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise ModelError(f"entry schema version {version!r} is not {SCHEMA_VERSION}, the one this agent knows")
     try:
         raw_key = data["key"]
         if not isinstance(raw_key, list):

@@ -137,17 +137,19 @@ def test_merge_converges_whatever_the_order() -> None:
 def test_merge_ignores_stale_and_duplicate_entries() -> None:
     store = make_store("control/x")
     entries = _entries()
-    assert store.merge(entries)
+    assert store.merge(entries).applied
     before = store.digest()
-    assert store.merge(entries) == []
+    again = store.merge(entries)
+    assert again.applied == [] and again.rejected == []
+    assert again.stale == 4  # one winner per key: project, region, two copies
     assert store.digest() == before
 
 
 def test_merge_refuses_an_entry_from_a_writer_that_does_not_own_the_key() -> None:
     store = make_store("sfo1/a")
     forged = Entry(copy_key("shop", "sfo1"), CopyHealth(False, "forged"), Version(pack(10), "ams1/evil"))
-    with pytest.raises(OwnershipError):
-        store.merge([forged])
+    result = store.merge([forged])
+    assert [(r.entry, r.reason.value) for r in result.rejected] == [(forged, "not-owner")]
     assert store.get(copy_key("shop", "sfo1")) is None
 
 
@@ -199,23 +201,27 @@ def test_listeners_hear_every_change_once() -> None:
     store.merge(_entries())  # nothing new
     unsubscribe()
     store.delete(project_key("shop"))
-    assert [len(batch) for batch in heard] == [1, 4]
+    # The local put is newer than the batch's project versions; of the two versions of
+    # copy shop/sfo1 only the winner is heard.
+    assert [len(batch) for batch in heard] == [1, 3]
+    assert {e.key for e in heard[1]} == {region_key("sfo1"), copy_key("shop", "sfo1"), copy_key("shop", "ams1")}
 
 
 def test_json_round_trip_and_validation() -> None:
     for entry in _entries():
         assert entry_from_json(entry_to_json(entry)) == entry
     assert dumps_entries(_entries()[:1]).startswith(b"[{")
-    for bad in [
-        {"key": ["nope", "x"], "value": None, "hlc": 1, "writer": "control/a"},
-        {"key": ["region", "sfo1"], "value": {"name": "ams1"}, "hlc": 1, "writer": "sfo1/a"},
-        {"key": ["region", "sfo1"], "value": {"name": "sfo1", "ipv4": ["not-an-ip"]}, "hlc": 1, "writer": "x"},
-        {"key": ["copy", "shop"], "value": None, "hlc": 1, "writer": "x"},
-        {"key": ["project", "shop"], "value": None, "hlc": -1, "writer": "x"},
-        {"key": ["project", "shop"], "value": None, "writer": "x"},
+    for bad, message in [
+        ({"key": ["nope", "x"], "value": None, "hlc": 1, "writer": "control/a"}, "unknown key"),
+        ({"key": ["region", "sfo1"], "value": {"name": "ams1"}, "hlc": 1, "writer": "sfo1/a"}, "names another key"),
+        ({"key": ["region", "sfo1"], "value": {"name": "sfo1", "ipv4": ["not-an-ip"]}, "hlc": 1, "writer": "x"},
+         "not an IP address"),
+        ({"key": ["copy", "shop"], "value": None, "hlc": 1, "writer": "x"}, "must be 3 strings"),
+        ({"key": ["project", "shop"], "value": None, "hlc": -1, "writer": "x"}, "non-negative"),
+        ({"key": ["project", "shop"], "value": None, "writer": "x"}, "lacks 'hlc'"),
     ]:
-        with pytest.raises(ModelError):
-            entry_from_json(bad)  # type: ignore[arg-type]
+        with pytest.raises(ModelError, match=message):
+            entry_from_json({"v": 1, **bad})  # type: ignore[dict-item]
 
 
 @pytest.mark.parametrize(
