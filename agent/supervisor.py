@@ -56,6 +56,7 @@ class Agent:
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": self.zone_description})
         self.kube: Any = None  # agent.kube.sources.KubeSources, imported only when used
+        self.usage: Any = None  # agent.usage.service.UsageService when metering runs; .status for health
         self._kube_api: Any = None
         self._local_slugs: set[str] = set()
         self._kube_synced = asyncio.Event()
@@ -152,20 +153,14 @@ class Agent:
             logger.info("usage metering off (%s)", "disabled" if not self.settings.usage.enabled
                         else "kube.node_name is not set")
             return
-        from agent.kube.resources import PODS
-        from agent.kube.watch import Informer
-        from agent.usage import UsageService, pod_converter, pod_selectors
+        from agent.usage.wiring import build_usage
 
-        label_selector, field_selector = pod_selectors(self.settings.usage, node)
-        pods = Informer(api=self._kube_api, resource=PODS, convert=pod_converter(self.settings.usage),
-                        label_selector=label_selector, field_selector=field_selector,
-                        settings=self.settings.kube.watch, registry=self.registry, name="usage-pods")
-        # The service registers its event handler, so it must exist before the watch runs;
-        # tasks stop in reverse order, so it also checkpoints before the watch is gone.
-        usage = UsageService(self.settings.usage, region=self.settings.region, node=node, pods=pods,
-                             registry=self.registry)
+        # The service registers its event handler, so it exists before the watch runs; tasks
+        # stop in reverse order, so it also checkpoints before the watch is gone.
+        pods, self.usage = build_usage(self.settings.usage, api=self._kube_api, registry=self.registry,
+                                       region=self.settings.region, node=node, watch=self.settings.kube.watch)
         self._spawn(pods.run, "kube-watch usage-pods")
-        self._spawn(usage.run, "usage")
+        self._spawn(self.usage.run, "usage")
 
     async def _follow_kube(self) -> None:
         """Write this region's copy health from the watch cache on every change."""

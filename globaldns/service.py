@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry
 
 from agent.state.model import Kind, Region
-from agent.state.store import Entry, Store
+from agent.state.observations import Observations, ObservedState
+from agent.state.store import Entry, StateView, Store
 from globaldns.answer import Responder, ResponderLimits
 from globaldns.compiler import CompileReport, ZoneConfig, compile_zone
 from globaldns.geoip import GeoDatabase, ProximityMap, Site
@@ -39,9 +40,12 @@ def zone_config(settings: DnsSettings) -> ZoneConfig:
 
 
 class ZoneService:
-    def __init__(self, settings: DnsSettings, store: Store, registry: CollectorRegistry) -> None:
+    def __init__(self, settings: DnsSettings, store: Store, registry: CollectorRegistry,
+                 observations: Observations | None = None) -> None:
+        """``observations``: this agent's own checks of copies, laid over the store's reports."""
         self.settings = settings
         self.store = store
+        self.view: StateView = store if observations is None else ObservedState(store, observations)
         self.config = zone_config(settings)
         self.holder = ZoneHolder()
         self.counters = DnsCounters()
@@ -61,6 +65,8 @@ class ZoneService:
         self._changed_projects: set[str] | None = set()  # None: compile everything
         self.changed = asyncio.Event()  # set after every swap, for whoever publishes views
         store.subscribe(self._on_change)
+        if observations is not None:
+            observations.subscribe(self._on_observation)
 
     @property
     def tables(self) -> ZoneTables | None:
@@ -82,6 +88,12 @@ class ZoneService:
         if self._pending is None:
             self._pending = asyncio.get_running_loop().call_soon(self._rebuild_pending)
 
+    def _on_observation(self, copies: list[tuple[str, str]]) -> None:
+        if self._changed_projects is not None:
+            self._changed_projects.update(slug for slug, _region in copies)
+        if self._pending is None:
+            self._pending = asyncio.get_running_loop().call_soon(self._rebuild_pending)
+
     def _rebuild_pending(self) -> None:
         self._pending = None
         self.rebuild()
@@ -91,7 +103,7 @@ class ZoneService:
         changed, self._changed_projects = self._changed_projects, set()
         self._refresh_locator(self.store.regions)
         report = CompileReport()
-        tables = compile_zone(self.store, self.config, health_known=self.health_known, locator=self.locator,
+        tables = compile_zone(self.view, self.config, health_known=self.health_known, locator=self.locator,
                               report=report, previous=self.holder.tables, changed_projects=changed)
         for problem in report.problems:
             logger.warning("zone: %s", problem)

@@ -34,6 +34,11 @@ class UsageMetrics:
     report_errors: Counter
     loop_errors: Counter
     last_success: Gauge
+    spool_available: Gauge
+    spool_open_errors: Counter
+    spool_moved_aside: Counter
+    journal_events: Gauge
+    journal_dropped: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> UsageMetrics:
@@ -83,6 +88,21 @@ class UsageMetrics:
             last_success=Gauge(p + "last_success_timestamp_seconds",
                                "Last time each loop completed a round (Unix time): events, checkpoint, "
                                "report.", ["loop"], registry=registry),
+            spool_available=Gauge(p + "spool_available",
+                                  "1 while the spool is open and writable, 0 while events wait in the "
+                                  "in-memory journal and nothing is reported.", registry=registry),
+            spool_open_errors=Counter(p + "spool_open_errors",
+                                      "Failed attempts to open the spool, by kind: unavailable, read-only, "
+                                      "corrupt.", ["kind"], registry=registry),
+            spool_moved_aside=Counter(p + "spool_moved_aside",
+                                      "Corrupt spool files renamed aside (never deleted) for a fresh one; "
+                                      "their unsent records need an operator.", registry=registry),
+            journal_events=Gauge(p + "journal_events",
+                                 "Events waiting in memory to be applied (while the spool is unavailable: "
+                                 "the journal's fill; bound: journal_size).", registry=registry),
+            journal_dropped=Counter(p + "journal_dropped_events",
+                                    "Pod events dropped because the journal was full while the spool was "
+                                    "unavailable (a reconcile with the pod list follows).", registry=registry),
         )
 
     def observe_spool(self, stats: SpoolStats, now: float) -> None:

@@ -18,6 +18,12 @@ any other 4xx                                bisected until the rejected records
 Because every record keeps its idempotency key and exact bytes across retries, "retry until a
 2xx" is safe: a POST that reached the control plane but whose answer was lost is sent again and
 deduplicated there. A record is marked sent only after a 2xx for a POST that contained it.
+
+Nothing is sent that can not be marked: the reporter sends only while the spool is available
+(``available``), and any failed spool call (above all ``mark_sent`` on a volume that turned
+read-only) stops it at once and is handed to ``spool_lost``; the service then reopens the spool
+and sets ``available`` again. A batch acknowledged but not marked is sent again later, and the
+control plane deduplicates it by key.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import aiohttp
 
@@ -43,6 +49,13 @@ from agent.usage.spool import Pending, Spool
 logger = logging.getLogger("region_agent.usage.reporter")
 
 Sleep = Callable[[float], Awaitable[None]]
+
+
+class SpoolLostError(Exception):
+    """A spool call of the reporter failed: stop sending until the spool is available again."""
+
+
+T = TypeVar("T")
 OutcomeKind = Literal["ack", "retry", "reject", "too_large"]
 
 
@@ -117,9 +130,12 @@ class Reporter:
 
     def __init__(
         self, settings: UsageSettings, spool: Spool, metrics: UsageMetrics, *, region: str, node: str,
-        clock: Clock, sleep: Sleep = asyncio.sleep,
+        clock: Clock, sleep: Sleep = asyncio.sleep, available: asyncio.Event | None = None,
+        spool_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.available = available  # None: the spool is always usable (tests of the reporter alone)
+        self.spool_lost = spool_lost
         self.spool = spool
         self.metrics = metrics
         self.region = region
@@ -131,6 +147,7 @@ class Reporter:
                                reset_after=max(120.0, settings.backoff_cap * 4))
         self._wake = asyncio.Event()
         self._suspects: list[list[Pending]] = []  # halves of rejected batches still to resend
+        self._suspects_generation = 0  # the spool opening their seqs belong to
         self._failures = 0
         self._failing_since: float | None = None
         self.posts = 0  # POSTs attempted (tests, bench)
@@ -149,12 +166,24 @@ class Reporter:
             logger.warning("usage endpoint_url is not set: records are spooled and kept, never reported")
         async with self._http() as http:
             while True:
+                if self.available is not None:
+                    await self.available.wait()
                 more = False
                 try:
                     more = await self.report_once(http)
                     self.metrics.last_success.labels("report").set(self.clock.wall())
                 except asyncio.CancelledError:
                     raise
+                except SpoolLostError as exc:
+                    # Bisection halves carry seqs of the spool that was lost: read afresh once it is back.
+                    self._suspects.clear()
+                    self.metrics.loop_errors.labels("report").inc()
+                    logger.error("usage reporting stops: %s", exc)
+                    if self.spool_lost is not None:
+                        self.spool_lost(str(exc))
+                    if self.available is None:
+                        await self.sleep(self.backoff.next_delay(self.clock.monotonic()))
+                    continue
                 except Exception:
                     self.metrics.loop_errors.labels("report").inc()
                     logger.exception("usage reporter failed; retrying")
@@ -186,21 +215,28 @@ class Reporter:
     async def report_once(self, http: aiohttp.ClientSession) -> bool:
         """Send one batch; True when more is waiting (send again without the interval)."""
         if self.settings.endpoint_url is None:
-            self.metrics.observe_spool(await self.spool.stats(), self.clock.wall())
+            self.metrics.observe_spool(await self._spool("stats", self.spool.stats()), self.clock.wall())
             return False
+        generation = self.spool.generation
+        if self._suspects_generation != generation:
+            self._suspects.clear()  # seqs of an earlier opening (the spool was lost and reopened meanwhile)
+            self._suspects_generation = generation
         from_suspects = bool(self._suspects)
         if from_suspects:
             batch = self._suspects.pop()
         else:
-            batch = await self.spool.next_batch(self.settings.batch_size)
+            batch = await self._spool("next_batch", self.spool.next_batch(self.settings.batch_size))
         if not batch:
-            self.metrics.observe_spool(await self.spool.stats(), self.clock.wall())
+            self.metrics.observe_spool(await self._spool("stats", self.spool.stats()), self.clock.wall())
             return False
         outcome = await self._post(http, self.settings.endpoint_url, batch)
+        if self.spool.generation != generation or not self.spool.is_open:
+            raise SpoolLostError("the spool was closed or reopened while a batch was in flight (it is sent "
+                                 "again later; the control plane deduplicates it)")
         now = self.clock.wall()
         seqs = [p.seq for p in batch]
         if outcome.kind == "ack":
-            stats = await self.spool.mark_sent(seqs, now)
+            stats = await self._spool(f"marking {len(seqs)} acknowledged records sent", self.spool.mark_sent(seqs, now))
             self.metrics.records_reported.inc(len(batch))
             self.metrics.observe_spool(stats, now)
             self.backoff.reset()
@@ -223,13 +259,22 @@ class Reporter:
                            "rejected records", len(batch), outcome.status)
             return True
         reason = "too-large" if outcome.kind == "too_large" else f"rejected-{outcome.status}"
-        stats = await self.spool.quarantine(seqs, now, status=outcome.status, reason=reason)
+        stats = await self._spool("quarantine", self.spool.quarantine(seqs, now, status=outcome.status, reason=reason))
         self.metrics.records_quarantined.labels(reason).inc(len(batch))
         self.metrics.observe_spool(stats, now)
         logger.error("usage: %d record(s) quarantined after HTTP %s (%s); first key %s. They stay in the "
                      "spool's quarantine table until requeued", len(batch), outcome.status, outcome.detail,
                      batch[0].key)
         return True
+
+    async def _spool(self, doing: str, call: Awaitable[T]) -> T:
+        """Await a spool call; its failure means the spool is lost for reporting (:class:`SpoolLostError`)."""
+        try:
+            return await call
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise SpoolLostError(f"spool {self.spool.path}: {doing} failed: {exc}") from exc
 
     async def _retry_later(self, outcome: Outcome, size: int) -> None:
         now = self.clock.monotonic()

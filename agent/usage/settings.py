@@ -33,6 +33,24 @@ class UsageSettings(BaseModel):
         "volume that survives a container restart (hostPath or a local PV): sessions and unsent records "
         "live only here until the control plane acknowledges them. Never wipe it while records are unsent.",
     )
+    journal_size: int = Field(
+        20_000, ge=100,
+        description="Pod events kept in memory while the spool can not be opened or written (a bad volume), "
+        "applied in order once it can. Each is a few hundred bytes. Beyond it further events are dropped "
+        "(counted, logged at error level) and the agent reconciles with the pod list once the spool is "
+        "back: running pods lose nothing, but a pod that started and was deleted in the dropped window is "
+        "not billed. 20,000 is about 15 minutes of a node churning 1,000 pods a minute.",
+    )
+    spool_retry_initial: float = Field(
+        0.5, gt=0,
+        description="First delay ceiling (seconds, full jitter) before opening the spool again after it "
+        "could not be opened or written; doubles up to `spool_retry_cap`.",
+    )
+    spool_retry_cap: float = Field(
+        30.0, gt=0,
+        description="Largest delay ceiling between attempts to open the spool (seconds): how long after a "
+        "volume is fixed the agent notices at most.",
+    )
     checkpoint_interval: float = Field(
         60.0, gt=0,
         description="Seconds between checkpoints of open sessions. Each checkpoint cuts one record "
@@ -151,6 +169,8 @@ class UsageSettings(BaseModel):
     def _coherent(self) -> Self:
         if self.backoff_cap < self.backoff_initial:
             raise ValueError("usage.backoff_cap must be >= usage.backoff_initial")
+        if self.spool_retry_cap < self.spool_retry_initial:
+            raise ValueError("usage.spool_retry_cap must be >= usage.spool_retry_initial")
         if self.endpoint_url is not None and not self.endpoint_url.startswith(("http://", "https://")):
             raise ValueError("usage.endpoint_url must be an http:// or https:// URL")
         return self

@@ -14,6 +14,13 @@ slice reuse the acknowledged key with different content. Every :meth:`Spool.writ
 transaction: the slices a change cut and the ledger rows that say they were cut commit together
 or not at all.
 
+Opening checks the file before trusting it: ``PRAGMA quick_check`` must pass (a file that is not a
+database, truncated or damaged raises :class:`SpoolCorruptError`, and :meth:`Spool.move_aside` renames it
+with a timestamp so a fresh spool can start; nothing is ever deleted), and one small write must
+commit (a read-only volume raises :class:`SpoolReadOnlyError`: a spool that can not mark records sent
+must not be used to send them). Any other failure to open is a :class:`SpoolError`; the caller
+retries. After :meth:`Spool.close` the same object can be opened again.
+
 Threading: SQLite calls block, so the connection lives on **one dedicated worker thread** and
 every public method is a coroutine that runs its statement there (``run_in_executor`` with a
 single-thread pool). Calls are therefore serialised in submission order, the event loop never
@@ -23,10 +30,12 @@ waits on disk, and no SQLite object is ever touched from two threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,7 +75,27 @@ CREATE TABLE IF NOT EXISTS quarantine (
 
 
 class SpoolError(RuntimeError):
-    """The spool file can not be used (wrong schema, unwritable volume)."""
+    """The spool can not be used now (no volume, wrong schema, an I/O error); worth retrying later."""
+
+
+class SpoolCorruptError(SpoolError):
+    """Not a SQLite database, truncated, or failing ``PRAGMA quick_check``: move it aside, start afresh."""
+
+
+class SpoolReadOnlyError(SpoolError):
+    """The spool can be read but not written (read-only volume): records could never be marked sent."""
+
+
+def _classify(path: str, doing: str, exc: sqlite3.Error) -> SpoolError:
+    """The SQLite error as the spool's caller must treat it (by SQLite's primary result code)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF
+    message = f"{path}: {doing}: {exc} ({getattr(exc, 'sqlite_errorname', 'no code')})"
+    if primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return SpoolCorruptError(message)
+    if primary == sqlite3.SQLITE_READONLY:
+        return SpoolReadOnlyError(message)
+    return SpoolError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +130,15 @@ class Spool:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usage-spool")
+        self._executor: ThreadPoolExecutor | None = None
         self._db: _Db | None = None
+        self.generation = 0  # +1 on every open: a seq read from one opening means nothing in the next
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         # Shielded: a submitted statement always runs and commits, even if the caller is cancelled
         # before the worker thread picked it up; later calls (close) queue behind it.
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usage-spool")
         return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._executor, fn, *args))
 
     @property
@@ -119,14 +151,37 @@ class Spool:
         return self._db
 
     async def open(self, *, region: str, node: str) -> SpoolStats:
-        self._db = await self._call(_Db.open, self.path, region, node)
-        return await self._call(self._db.stats)
+        """Open, check and probe the file; raises :class:`SpoolError` (or a subclass) when it can't be used."""
+        if self._db is not None:
+            raise SpoolError(f"{self.path}: already open")
+        db = await self._call(_Db.open, self.path, region, node)
+        try:
+            stats = await self._call(db.stats)
+        except BaseException:
+            await self._call(db.close)
+            raise
+        self._db = db
+        self.generation += 1
+        return stats
+
+    async def move_aside(self, now: float) -> list[str]:
+        """Rename the (closed) spool file and its -wal/-shm with a timestamp suffix; the new names."""
+        if self._db is not None:
+            raise SpoolError(f"{self.path}: close the spool before moving it aside")
+        return await self._call(_move_aside, self.path, now)
 
     async def close(self) -> None:
+        """Close the file and stop the worker thread; :meth:`open` may be called again afterwards."""
         db, self._db = self._db, None
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
         if db is not None:
-            await self._call(db.close)
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+            try:
+                await asyncio.shield(asyncio.get_running_loop().run_in_executor(executor, db.close))
+            except sqlite3.Error as exc:  # a failing disk; the connection is gone either way
+                logger.warning("closing spool %s: %s", self.path, exc)
+        await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
 
     async def load_ledgers(self) -> list[dict[str, Any]]:
         return await self._call(self._require().load_ledgers)
@@ -174,29 +229,51 @@ class _Db:
     @classmethod
     def open(cls, path: str, region: str, node: str) -> _Db:
         directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"{path}: can not create directory {directory}: {exc}") from exc
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise SpoolError(f"{path}: SQLite refused WAL mode (got {mode}); "
-                                 "is the volume a network filesystem?")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.executescript(_DDL)
         except sqlite3.Error as exc:
-            raise SpoolError(f"{path}: {exc}") from exc
+            raise _classify(path, "open", exc) from exc
+        try:
+            cls._prepare(conn, path, region, node)
+            return cls(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _classify(path, "open", exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+
+    @staticmethod
+    def _prepare(conn: sqlite3.Connection, path: str, region: str, node: str) -> None:
+        # quick_check reads every page once (not the index contents, which integrity_check also
+        # compares): it finds truncation and damaged pages at a fraction of the cost.
+        problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise SpoolCorruptError(f"{path}: PRAGMA quick_check: {'; '.join(problems[:3])}")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise SpoolError(f"{path}: SQLite refused WAL mode (got {mode}); is the volume a network filesystem?")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.executescript(_DDL)
         found = dict(conn.execute("SELECT name, value FROM meta").fetchall())
-        if not found:
-            with _Transaction(conn):
-                conn.executemany("INSERT INTO meta(name, value) VALUES (?, ?)",
-                                 [("schema", str(SCHEMA)), ("region", region), ("node", node)])
-        elif found.get("schema") != str(SCHEMA):
+        if found and found.get("schema") != str(SCHEMA):
             raise SpoolError(f"{path}: spool schema {found.get('schema')}, this agent reads {SCHEMA}")
-        elif (found.get("region"), found.get("node")) != (region, node):
+        if found and (found.get("region"), found.get("node")) != (region, node):
             # Records keep their own region and node; only future ones are this node's.
             logger.warning("spool %s was written for %s/%s, now used by %s/%s", path,
                            found.get("region"), found.get("node"), region, node)
-        return cls(conn)
+        # The probe: one committed write. On a read-only volume an existing spool still opens and
+        # reads, but marking records sent would fail after every POST; better to know now.
+        with _Transaction(conn):
+            if not found:
+                conn.executemany("INSERT INTO meta(name, value) VALUES (?, ?)",
+                                 [("schema", str(SCHEMA)), ("region", region), ("node", node)])
+            conn.execute("INSERT INTO meta(name, value) VALUES ('opened_at', ?) "
+                         "ON CONFLICT(name) DO UPDATE SET value = excluded.value", (repr(time.time()),))
 
     def close(self) -> None:
         self.conn.close()
@@ -318,7 +395,34 @@ class _Transaction:
         self.conn.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+            return
+        with contextlib.suppress(sqlite3.Error):  # keep the original error, not the rollback's
+            self.conn.execute("ROLLBACK")
+
+
+def _move_aside(path: str, now: float) -> list[str]:
+    """``usage.sqlite3`` → ``usage.sqlite3.corrupt-20261130T223000Z`` (with -wal/-shm); never deletes."""
+    base = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}"
+    target = base
+    for n in range(1, 1000):  # two in one second: number them
+        if not any(os.path.lexists(target + suffix) for suffix in ("", "-wal", "-shm")):
+            break
+        target = f"{base}.{n}"
+    else:
+        raise SpoolError(f"{path}: can not find a free name to move the corrupt spool aside ({base}.*)")
+    moved = []
+    for suffix in ("", "-wal", "-shm"):  # the WAL may hold committed transactions: it stays with its file
+        if os.path.lexists(path + suffix):
+            os.replace(path + suffix, target + suffix)
+            moved.append(target + suffix)
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the renames survive a power cut
+    finally:
+        os.close(directory)
+    return moved
 
 
 def _chunks(items: list[int], size: int) -> Iterable[list[int]]:

@@ -24,9 +24,10 @@ from prometheus_client import CollectorRegistry
 from agent.kube.resources import PODS
 from agent.kube.settings import WatchSettings
 from agent.kube.watch import Informer
-from agent.usage.pods import MeteredPod, pod_converter, pod_selectors
+from agent.usage.pods import MeteredPod
 from agent.usage.service import UsageService
 from agent.usage.settings import UsageSettings
+from agent.usage.wiring import build_usage
 from tests.agent.usage.factory import down, pod, running, up, waiting
 from tests.conftest import wait_for
 from tests.fakes.control_plane import FakeControlPlane
@@ -258,12 +259,8 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
 async def start_service(fake: FakeKubeApi, plane: FakeControlPlane, clock: SimClock, settings: UsageSettings,
                         api: Any, node: Node | None = None) -> Rig:
     registry = CollectorRegistry()
-    label_selector, field_selector = pod_selectors(settings, NODE)
-    informer: Informer[MeteredPod] = Informer(
-        api=api, resource=PODS, convert=pod_converter(settings), label_selector=label_selector,
-        field_selector=field_selector, settings=WATCH, registry=registry, name="usage-pods")
-    service = UsageService(settings, region=REGION, node=NODE, pods=informer, registry=registry, clock=clock,
-                           sleep=clock.sleep)
+    informer, service = build_usage(settings, api=api, registry=registry, region=REGION, node=NODE, watch=WATCH,
+                                    clock=clock, sleep=clock.sleep)
     tasks = [asyncio.create_task(informer.run(), name="test usage informer"),
              asyncio.create_task(service.run(), name="test usage service")]
     await wait_for(service.reconciled.is_set, timeout=5, message="usage service reconciled")
