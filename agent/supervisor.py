@@ -8,7 +8,8 @@ reverse order within the shutdown budget. SIGHUP re-reads the zone file.
 Where copy health comes from: with ``kubernetes`` on, this region's copies are judged from
 the Knative watch cache (written into the store as owned by this region, so the zone sees a
 copy stop serving the moment the watch does); every other copy, and every copy in
-standalone mode, is judged by the HTTP checks.
+standalone mode, is judged by the HTTP checks, whose results are this agent's observations
+(``agent.state.observations``), laid over the store by the zone compiler and never replicated.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from agent.settings import AgentSettings
 from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
 from agent.state.model import CopyHealth, Kind, copy_key
+from agent.state.observations import Observations
 from agent.state.store import TOMBSTONE_SWEEP_SECONDS, Entry, Store
 from agent.zonefile import ZoneFileWatcher
 from globaldns.service import ZoneService
@@ -50,9 +52,12 @@ class Agent:
         if settings.zone_file is not None:
             self.zone_file = ZoneFileWatcher(settings.zone_file, self.store, self.registry,
                                              poll_interval=settings.zone_file_poll_interval)
-        self.dns = ZoneService(settings.dns, self.store, self.registry)
+        # What this agent's checks see of copies: beside the store, never written into it.
+        self.observations = Observations()
+        self.dns = ZoneService(settings.dns, self.store, self.registry, self.observations)
         self.checker = Checker(self.store, settings.checks.config(f"region-agent/{VERSION}"), self.registry,
-                               skip_region=settings.region if settings.kubernetes else None)
+                               skip_region=settings.region if settings.kubernetes else None,
+                               observations=self.observations)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": self.zone_description})
         self.kube: Any = None  # agent.kube.sources.KubeSources, imported only when used

@@ -1,4 +1,4 @@
-"""Standalone copy health: HTTP checks of every region's ingress, written into the store.
+"""Standalone copy health: HTTP checks of every region's ingress, kept as this agent's observations.
 
 One check loop per (address, URL) however many records use it, all started at boot (not
 on the first query, PowerDNS's cold-start flaw), each on its own cadence from
@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agent.checks.probe import CheckTarget, Outcome, new_session, probe
 from agent.checks.rule import CheckRule, TargetHealth, TargetState
-from agent.state.model import CopyHealth, Region, copy_key, region_key
+from agent.state.model import CopyHealth, Region, region_key
+from agent.state.observations import Observations
 from agent.state.store import StateView, Store
 
 logger = logging.getLogger("region_agent.checks")
@@ -114,8 +115,10 @@ LOCAL_ERROR_MEMORY = 30.0
 
 class Checker:
     def __init__(self, store: Store, config: CheckConfig, registry: CollectorRegistry, *,
-                 skip_region: str | None = None) -> None:
+                 skip_region: str | None = None, observations: Observations | None = None) -> None:
+        """Checks the copies ``store`` names; what they find goes to ``observations``, never the store."""
         self.store = store
+        self.observations = observations if observations is not None else Observations()
         self.config = config
         self.skip_region = skip_region
         self.metrics = CheckMetrics(registry)
@@ -156,7 +159,7 @@ class Checker:
             if self._pending_reconcile is not None:
                 self._pending_reconcile.cancel()
                 self._pending_reconcile = None
-            # A restarted run plans from scratch; states already written stay in the store.
+            # A restarted run plans from scratch; observations stand until a new check says otherwise.
             for region, address, state in list(self._counts):
                 with contextlib.suppress(KeyError):
                     self.metrics.targets_by_state.remove(region, address, state)
@@ -195,10 +198,12 @@ class Checker:
                 self._tasks[target] = asyncio.get_running_loop().create_task(
                     self._loop(target), name=f"check {target.address} {target.url}")
         self._plan = plan
+        before = self._targets_of
         self._targets_of = {}
         for target, copies in plan.items():
             for copy in copies:
                 self._targets_of.setdefault(copy, []).append(target)
+        self.observations.forget([copy for copy in before if copy not in self._targets_of])
         self.metrics.targets.set(len(plan))
         self._check_first_round()
 
@@ -278,7 +283,7 @@ class Checker:
                   if t.address in addresses}
         health = copy_health(addresses, states)
         if health is not None:
-            self.store.put(copy_key(slug, region_name), health)
+            self.observations.put((slug, region_name), health)
 
     def _check_first_round(self) -> None:
         if not self.first_round.is_set() and all(

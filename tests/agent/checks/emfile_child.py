@@ -19,8 +19,9 @@ from prometheus_client import CollectorRegistry
 from agent.checks.checker import CheckConfig, Checker
 from agent.checks.rule import CheckRule, TargetHealth
 from agent.state.hlc import HybridClock
-from agent.state.model import CopyHealth, Project, Region, project_key, region_key
-from agent.state.store import Entry, Store
+from agent.state.model import Project, Region, project_key, region_key
+from agent.state.observations import Observations
+from agent.state.store import Store
 from tests.fakes.health_endpoint import HealthEndpoint
 
 
@@ -38,16 +39,18 @@ async def main() -> None:
     store = Store(writer="standalone/t", clock=HybridClock(lambda: int(time.time() * 1000)))
     store.put(region_key("sfo1"), Region("sfo1", ipv4=("127.0.0.31",)))
     store.put(project_key("shop"), Project("shop", ("sfo1",)))
+    observations = Observations()
     written: list[dict[str, object]] = []
 
-    def record(entries: list[Entry]) -> None:
-        written.extend({"key": list(e.key), "healthy": e.value.healthy}
-                       for e in entries if isinstance(e.value, CopyHealth))
+    def record(copies: list[tuple[str, str]]) -> None:
+        for copy in copies:
+            health = observations.get(copy)
+            written.append({"key": list(copy), "healthy": None if health is None else health.healthy})
 
-    store.subscribe(record)
+    observations.subscribe(record)
     checker = Checker(store, CheckConfig(port=port, host="h.example", timeout=0.5,
                                          rule=CheckRule(interval=0.1, recheck_delay=0.05, fall=1, rise=1)),
-                      CollectorRegistry())
+                      CollectorRegistry(), observations=observations)
     task = asyncio.create_task(checker.run())
     await _until(checker.first_round.is_set)
     (target,) = checker.states

@@ -15,7 +15,7 @@ from agent.checks.checker import CheckConfig, Checker, copy_health, plan_targets
 from agent.checks.rule import CheckRule, TargetHealth, TargetState
 from agent.state.hlc import HybridClock
 from agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
-from agent.state.store import Entry, Store
+from agent.state.store import Store
 from tests.conftest import wait_for
 
 
@@ -83,19 +83,18 @@ async def _stop(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def _health(store: Store, region: str) -> CopyHealth | None:
-    value = store.get(copy_key("shop", region))
-    assert value is None or isinstance(value, CopyHealth)
-    return value
+def _health(checker: Checker, region: str) -> CopyHealth | None:
+    return checker.observations.get(("shop", region))
 
 
 async def test_first_round_and_request_shape(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
     primary, _backup, port = endpoints
     store = _store()
-    task = await _run(Checker(store, _config(port), CollectorRegistry()))
+    checker = Checker(store, _config(port), CollectorRegistry())
+    task = await _run(checker)
     try:
-        assert _health(store, "sfo1") == CopyHealth(True, "ok", ())
-        assert _health(store, "ams1") == CopyHealth(True, "ok", ())
+        assert _health(checker, "sfo1") == CopyHealth(True, "ok", ())
+        assert _health(checker, "ams1") == CopyHealth(True, "ok", ())
         _, path, host = primary.requests[0]
         assert path == "/global-health/shop"
         assert host == f"runr-health.g.example.com:{port}"
@@ -106,13 +105,14 @@ async def test_first_round_and_request_shape(endpoints: tuple[Endpoint, Endpoint
 async def test_a_failure_is_confirmed_by_a_quick_recheck(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
     primary, _backup, port = endpoints
     store = _store()
-    task = await _run(Checker(store, _config(port, interval=1.0, recheck=0.05), CollectorRegistry()))
+    checker = Checker(store, _config(port, interval=1.0, recheck=0.05), CollectorRegistry())
+    task = await _run(checker)
     try:
         primary.steady = (503, "down")
         flipped_at = time.monotonic()
-        await wait_for(lambda: (h := _health(store, "sfo1")) is not None and not h.healthy, timeout=3,
+        await wait_for(lambda: (h := _health(checker, "sfo1")) is not None and not h.healthy, timeout=3,
                        message="sfo1 down")
-        health = _health(store, "sfo1")
+        health = _health(checker, "sfo1")
         assert health is not None and "http 503" in health.reason
         times = [t for t, _, _ in primary.requests if t >= flipped_at]
         assert len(times) == 2  # the failing regular check and its quick confirmation
@@ -124,15 +124,16 @@ async def test_a_failure_is_confirmed_by_a_quick_recheck(endpoints: tuple[Endpoi
 async def test_one_lost_check_does_not_flip(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
     primary, _backup, port = endpoints
     store = _store()
-    changes: list[Entry] = []
-    store.subscribe(changes.extend)
-    task = await _run(Checker(store, _config(port, interval=0.2), CollectorRegistry()))
+    checker = Checker(store, _config(port, interval=0.2), CollectorRegistry())
+    seen: list[CopyHealth | None] = []
+    checker.observations.subscribe(lambda copies: seen.extend(checker.observations.get(c) for c in copies))
+    task = await _run(checker)
     try:
         start = len(primary.requests)
         primary.answers = [(503, "down")]
         await wait_for(lambda: len(primary.requests) >= start + 4, timeout=5, message="four more checks")
-        assert all(isinstance(e.value, CopyHealth) and e.value.healthy for e in changes
-                   if e.key == copy_key("shop", "sfo1"))
+        assert seen and all(h is not None and h.healthy for h in seen)
+        assert store.get(copy_key("shop", "sfo1")) is None  # observations never go into the store
     finally:
         await _stop(task)
 
@@ -147,9 +148,10 @@ async def test_what_counts_as_a_failure(endpoints: tuple[Endpoint, Endpoint, int
     primary, _backup, port = endpoints
     primary.steady, primary.delay = answer, delay
     store = _store()
-    task = await _run(Checker(store, _config(port, interval=0.3), CollectorRegistry()))
+    checker = Checker(store, _config(port, interval=0.3), CollectorRegistry())
+    task = await _run(checker)
     try:
-        health = _health(store, "sfo1")
+        health = _health(checker, "sfo1")
         assert health is not None and not health.healthy
         assert detail in health.reason
         assert health.failed_addresses == ("127.0.0.21",)
@@ -164,11 +166,10 @@ async def test_recovery_needs_rise_successes(endpoints: tuple[Endpoint, Endpoint
     checker = Checker(store, _config(port, interval=0.3), CollectorRegistry())
     task = await _run(checker)
     try:
-        assert not (_health(store, "sfo1") or CopyHealth(True)).healthy
+        assert not (_health(checker, "sfo1") or CopyHealth(True)).healthy
         primary.steady = (200, "still ok")  # "ok" as a substring counts, like stringmatch
-        healthy = await wait_for(lambda: (h := _health(store, "sfo1")) is not None and h.healthy, timeout=5,
-                                 message="sfo1 back up")
-        assert healthy
+        await wait_for(lambda: (h := _health(checker, "sfo1")) is not None and h.healthy, timeout=5,
+                       message="sfo1 back up")
         target = next(t for t in checker.states if t.address == "127.0.0.21")
         assert checker.states[target].successes >= 2
     finally:
@@ -227,7 +228,7 @@ def test_descriptor_exhaustion_is_a_local_error_and_flips_no_copy() -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["local_errors"] >= 5
     assert result["states"] == ["up", "up", "up"]
-    assert result["written"] == [{"key": ["copy", "shop", "sfo1"], "healthy": True}]  # one write, never a flip
+    assert result["written"] == [{"key": ["shop", "sfo1"], "healthy": True}]  # one observation, never a flip
     assert "Too many open files" in result["degraded"]
 
 
