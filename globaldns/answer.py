@@ -3,9 +3,10 @@
 :func:`answer` is the whole decision and touches no socket; :func:`render` turns a reply
 into a response no larger than the transport allows (RFC 1035 §4.2.1, RFC 6891 §7,
 RFC 2181 §9: additional records are dropped first and silently, otherwise TC is set and
-the answer and authority sections are left out). :class:`Responder` adds the memo of
-rendered responses per table generation, so a repeated query costs a dict lookup and a
-two-byte ID patch.
+the answer and authority sections are left out). :class:`Responder` adds the case-blind
+memo of rendered responses per table generation (``globaldns.memo``), so a repeated query
+costs a key, a dict lookup and a splice of its ID and question, and the optional response
+rate limiter for UDP (``globaldns.rrl``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import ipaddress
 import time
 from dataclasses import dataclass
 
+from globaldns.memo import Entry, ResponseMemo, memo_key
 from globaldns.metrics import DnsCounters
+from globaldns.rrl import DROP, ERROR, PASS, RESPONSE, SLIP, RateLimiter
+from globaldns.rrl import NXDOMAIN as RRL_NXDOMAIN
 from globaldns.tables import REFUSED_REPLY, Reply, ZoneHolder, ZoneTables
 from globaldns.wire import (
     ANY,
@@ -114,46 +118,107 @@ def render(query: Query, reply: Reply, *, max_size: int, our_payload: int) -> by
 class ResponderLimits:
     our_payload: int = 1232  # DNS Flag Day 2020; RFC 9715 says at most 1400
     memo_entries: int = 20_000  # rendered responses kept per table generation
+    latency_sample: int = 16  # time one query in this many for the latency histogram (a power of two)
+
+
+# Answers for names that exist: a flood of random names (NXDOMAIN, REFUSED outside the zone,
+# BADVERS) must not fill the memo, and their bucket in the rate limiter is the zone, not the name.
+MEMOISED_RCODES = frozenset({NOERROR, SERVFAIL})
 
 
 class Responder:
-    """Wire in, wire out, for both transports; counts what it answers."""
+    """Wire in, wire out, for both transports; counts what it answers.
 
-    def __init__(self, holder: ZoneHolder, counters: DnsCounters, limits: ResponderLimits | None = None) -> None:
+    Returns None when nothing is to be sent (a message not worth answering, or a UDP response
+    the rate limiter drops). The memo and the limiter are described in ``globaldns.memo`` and
+    ``globaldns.rrl``; TCP is never rate limited.
+    """
+
+    def __init__(self, holder: ZoneHolder, counters: DnsCounters, limits: ResponderLimits | None = None,
+                 rrl: RateLimiter | None = None) -> None:
         self.holder = holder
         self.counters = counters
         self.limits = limits or ResponderLimits()
+        self.rrl = rrl
+        self._sample_mask = max(1, self.limits.latency_sample) - 1
+        self._queries = 0
 
     def respond(self, data: bytes, source: str | None, *, tcp: bool) -> bytes | None:
+        self._queries += 1
+        if self._queries & self._sample_mask:
+            return self._respond(data, source, tcp)
         started = time.perf_counter()
+        out = self._respond(data, source, tcp)
+        self.counters.observe(time.perf_counter() - started)
+        return out
+
+    def _respond(self, data: bytes, source: str | None, tcp: bool) -> bytes | None:
         tables = self.holder.tables
         if tables is None:
             return self._unready(data, tcp=tcp)
         memo = tables.response_memo
-        key = data[2:] + (b"T" if tcp else b"U")
-        hit = memo.get(key)
-        if hit is not None:
-            body, qtype, rcode = hit
-            self.counters.memo_hits += 1
-            self.counters.record(qtype, rcode, time.perf_counter() - started)
-            return data[:2] + body
+        if memo is not None:
+            key = memo_key(data, tcp)
+            entry = memo.main.get(key) or memo.promote(key)
+            if entry is not None:
+                entry.hot = True
+                if self.rrl is not None and not tcp and source is not None:
+                    action = self.rrl.check(source, RESPONSE, entry.name, entry.qtype)
+                    self.counters.rrl_actions[action] += 1
+                    if action != PASS:
+                        return self._limited(action, data, source, tables)
+                self.counters.memo_hits += 1
+                self.counters.answers[(entry.qtype, entry.rcode)] += 1
+                return entry.response(data)
         try:
             query = parse_query(data)
         except MessageError as error:
             self.counters.malformed(error.reason)
             out = error_response(error, our_payload=self.limits.our_payload)
-            if out is not None:
-                self.counters.record(-1, error.rcode or 0, time.perf_counter() - started)
+            if out is None:
+                return None
+            if self.rrl is not None and not tcp and source is not None:
+                action = self.rrl.check(source, ERROR)
+                self.counters.rrl_actions[action] += 1
+                if action == DROP:
+                    return None
+                if action == SLIP:
+                    out = out[:2] + bytes((out[2] | TC >> 8,)) + out[3:]
+            self.counters.answers[(-1, error.rcode or 0)] += 1
             return out
         reply = answer(tables, query, source)
+        rcode = reply.rcode
+        if self.rrl is not None and not tcp and source is not None:
+            if rcode == NOERROR:
+                action = self.rrl.check(source, RESPONSE, query.qname_lower, query.qtype)
+            elif rcode == NXDOMAIN:
+                action = self.rrl.check(source, RRL_NXDOMAIN, tables.apex)
+            else:
+                action = self.rrl.check(source, ERROR)
+            self.counters.rrl_actions[action] += 1
+            if action == DROP:
+                return None
+            if action == SLIP:
+                self.counters.answers[(query.qtype, rcode)] += 1
+                return render(query, reply, max_size=0, our_payload=self.limits.our_payload)
         max_size = max_response_size(query, tcp=tcp, our_payload=self.limits.our_payload)
         out = render(query, reply, max_size=max_size, our_payload=self.limits.our_payload)
-        if not reply.client_dependent and self.limits.memo_entries:
-            if len(memo) >= self.limits.memo_entries:
-                memo.clear()  # cheaper than LRU bookkeeping on every hit; refills in one burst
-            memo[key] = (out[2:], query.qtype, reply.rcode)
-        self.counters.record(query.qtype, reply.rcode, time.perf_counter() - started)
+        capacity = self.limits.memo_entries
+        if capacity and rcode in MEMOISED_RCODES and not reply.client_dependent:
+            if memo is None:
+                memo = tables.response_memo = ResponseMemo(capacity)
+            memo.put(memo_key(data, tcp), Entry(out, len(query.question), query.qtype, rcode, query.qname_lower))
+        self.counters.answers[(query.qtype, rcode)] += 1
         return out
+
+    def _limited(self, action: int, data: bytes, source: str, tables: ZoneTables) -> bytes | None:
+        """A rate-limited memo hit: nothing, or the TC=1 reply (rendered afresh: it is rare)."""
+        if action == DROP:
+            return None
+        query = parse_query(data)  # it matched a memo entry, so it parses
+        reply = answer(tables, query, source)
+        self.counters.answers[(query.qtype, reply.rcode)] += 1
+        return render(query, reply, max_size=0, our_payload=self.limits.our_payload)
 
     def _unready(self, data: bytes, *, tcp: bool) -> bytes | None:
         """Before the first zone is compiled every query gets SERVFAIL (never a guess)."""
@@ -161,6 +226,6 @@ class Responder:
             query = parse_query(data)
         except MessageError as error:
             return error_response(error, our_payload=self.limits.our_payload)
-        self.counters.record(query.qtype, SERVFAIL, 0.0)
+        self.counters.answers[(query.qtype, SERVFAIL)] += 1
         max_size = max_response_size(query, tcp=tcp, our_payload=self.limits.our_payload)
         return render(query, SERVFAIL_REPLY, max_size=max_size, our_payload=self.limits.our_payload)

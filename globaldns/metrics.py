@@ -30,6 +30,7 @@ class DnsCounters:
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.memo_hits = 0
+        self.rrl_actions = [0, 0, 0]  # indexed by globaldns.rrl PASS, DROP, SLIP
         self.tcp_connections = 0
         self.tcp_refused = 0
         self.zone_serial = 0
@@ -38,6 +39,10 @@ class DnsCounters:
 
     def record(self, qtype: int, rcode: int, seconds: float) -> None:
         self.answers[(qtype, rcode)] += 1
+        self.observe(seconds)
+
+    def observe(self, seconds: float) -> None:
+        """One latency sample (the Responder times one query in ``latency_sample``)."""
         self.latency_counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.latency_sum += seconds
 
@@ -72,7 +77,8 @@ class DnsCollector(Collector):
         running += c.latency_counts[-1]
         buckets.append(("+Inf", running))
         histogram = HistogramMetricFamily("region_agent_dns_answer_seconds",
-                                          "Time from receiving a query to having its response, in the agent")
+                                          "Time from receiving a query to having its response, in the agent "
+                                          "(a sample: one query in 16 by default is timed)")
         histogram.add_metric([], buckets, c.latency_sum)
         yield histogram
         yield GaugeMetricFamily("region_agent_dns_zone_serial", "Serial of the zone being answered", c.zone_serial)
@@ -81,6 +87,12 @@ class DnsCollector(Collector):
                                   "Zone source errors (bad zone file, compile problems)", c.zone_errors)
         yield CounterMetricFamily("region_agent_dns_memo_hits",
                                   "Responses served from the memo of rendered responses", c.memo_hits)
+        rrl = CounterMetricFamily("region_agent_dns_rrl_actions",
+                                  "UDP responses seen by response rate limiting, by action (pass, drop, slip: "
+                                  "sent as a TC=1 reply)", labels=["action"])
+        for name, count in zip(("pass", "drop", "slip"), c.rrl_actions, strict=True):
+            rrl.add_metric([name], count)
+        yield rrl
         yield CounterMetricFamily("region_agent_dns_tcp_connections", "TCP connections accepted",
                                   c.tcp_connections)
         yield CounterMetricFamily("region_agent_dns_tcp_refused",

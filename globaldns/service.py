@@ -23,8 +23,9 @@ from globaldns.answer import Responder, ResponderLimits
 from globaldns.compiler import CompileReport, ZoneConfig, compile_zone
 from globaldns.geoip import GeoDatabase, ProximityMap, Site
 from globaldns.metrics import DnsCounters, register
+from globaldns.rrl import RateLimiter, RrlConfig
 from globaldns.server import DnsServer, TcpLimits
-from globaldns.settings import DnsSettings
+from globaldns.settings import DnsSettings, RrlSettings
 from globaldns.tables import Locator, ZoneHolder, ZoneTables
 
 logger = logging.getLogger("region_agent.dns")
@@ -39,6 +40,17 @@ def zone_config(settings: DnsSettings) -> ZoneConfig:
     )
 
 
+def rate_limiter(settings: RrlSettings) -> RateLimiter | None:
+    """The UDP response rate limiter, or None while it is off (``responses_per_second`` 0)."""
+    rate = settings.responses_per_second
+    if not rate:
+        return None
+    return RateLimiter(RrlConfig(
+        responses_per_second=rate, nxdomains_per_second=settings.nxdomains_per_second or rate,
+        errors_per_second=settings.errors_per_second or rate, window=settings.window, slip=settings.slip,
+        ipv4_prefix=settings.ipv4_prefix, ipv6_prefix=settings.ipv6_prefix, max_buckets=settings.max_buckets))
+
+
 class ZoneService:
     def __init__(self, settings: DnsSettings, store: Store, registry: CollectorRegistry,
                  observations: Observations | None = None) -> None:
@@ -51,7 +63,8 @@ class ZoneService:
         self.counters = DnsCounters()
         register(self.counters, registry)
         self.responder = Responder(self.holder, self.counters, ResponderLimits(
-            our_payload=settings.udp_payload, memo_entries=settings.response_memo_entries))
+            our_payload=settings.udp_payload, memo_entries=settings.response_memo_entries),
+            rate_limiter(settings.rrl))
         self.server = DnsServer(
             self.responder, [(a, settings.port) for a in settings.listen_addresses],
             TcpLimits(settings.tcp_idle_timeout, settings.tcp_max_connections),

@@ -11,6 +11,49 @@ from agent.state.model import AllDownPolicy
 from globaldns.wire import name_from_text
 
 
+class RrlSettings(BaseModel):
+    """Response rate limiting for UDP (BIND's RRL; see ``globaldns/rrl.py`` and the README).
+
+    Off while ``responses_per_second`` is 0. Recommended: 10 responses, 5 NXDOMAIN and 5
+    errors per second, window 15, slip 2.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    responses_per_second: float = Field(
+        default=0, ge=0,
+        description="Identical answers (same name and type, or NODATA for it) per second to one client network "
+        "over UDP before the surplus is dropped or slipped; 0 turns rate limiting off. Recommended: 10.",
+    )
+    nxdomains_per_second: float | None = Field(
+        default=None, gt=0,
+        description="NXDOMAIN answers per second to one client network, all names of the zone together (a "
+        "random-subdomain flood is one bucket). Default: responses_per_second. Recommended: 5.",
+    )
+    errors_per_second: float | None = Field(
+        default=None, gt=0,
+        description="Error answers (REFUSED, FORMERR, SERVFAIL, NOTIMP, BADVERS) per second to one client "
+        "network, all names together. Default: responses_per_second. Recommended: 5.",
+    )
+    window: float = Field(
+        default=15, ge=1, le=3600,
+        description="Seconds of excess a client network may accumulate: after a flood stops it is answered "
+        "again within this many seconds.",
+    )
+    slip: int = Field(
+        default=2, ge=0, le=10,
+        description="Every slip-th limited response is sent as a tiny TC=1 reply, so a real resolver retries "
+        "over TCP (never limited); the others are dropped. 0 drops all, 1 truncates all.",
+    )
+    ipv4_prefix: int = Field(default=24, ge=8, le=32, description="IPv4 client network size, in prefix bits.")
+    ipv6_prefix: int = Field(default=56, ge=16, le=128, description="IPv6 client network size, in prefix bits.")
+    max_buckets: int = Field(
+        default=100_000, ge=100,
+        description="Buckets kept at most (least recently used out first): bounds memory under a flood from "
+        "many spoofed networks, about 200 bytes each.",
+    )
+
+
 class DnsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -54,8 +97,13 @@ class DnsSettings(BaseModel):
     )
     response_memo_entries: int = Field(
         default=20000, ge=0,
-        description="Rendered responses remembered per zone generation so a repeated query costs a lookup. "
-        "Memory is about 100 bytes each; 0 turns the memo off.",
+        description="Rendered responses remembered per zone generation so a repeated query costs a lookup "
+        "(case-blind; names that do not exist are not remembered). Memory is about 300 bytes each; 0 turns "
+        "the memo off.",
+    )
+    rrl: RrlSettings = Field(
+        default_factory=RrlSettings,
+        description="Response rate limiting of UDP answers per client network (off by default).",
     )
     geoip_database: Path | None = Field(
         default=None,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from globaldns.memo import ResponseMemo
 from globaldns.records import EMPTY, Section
 from globaldns.wire import NOERROR, NXDOMAIN, REFUSED
 
@@ -93,8 +94,8 @@ class ZoneTables:
     infrastructure: tuple[dict[str, object], ...] = ()  # apex and name servers, for `region-agent zone`
     projects: Mapping[str, CompiledProject] = field(default_factory=dict)
     basis: object = None  # what every compiled project depends on besides its own records
-    # rendered responses of this generation: query bytes after the ID → response after the ID
-    response_memo: dict[bytes, tuple[bytes, int, int]] = field(default_factory=dict)
+    # rendered responses of this generation (globaldns.memo), made by the Responder on first use
+    response_memo: ResponseMemo | None = None
 
     @property
     def description(self) -> list[dict[str, object]]:
