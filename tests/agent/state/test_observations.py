@@ -65,4 +65,5 @@ def test_an_observed_failure_changes_answers_not_the_store_or_the_serial() -> No
     assert store.digest() == digest and after.serial == before.serial
     shop = next(r for r in after.description if r.get("name") == "shop.g.example.com")
     assert shop != next(r for r in before.description if r.get("name") == "shop.g.example.com")
-    assert shop["answers"]["A"]["addresses"] == ["10.0.0.2"]
+    answers = shop["answers"]
+    assert isinstance(answers, dict) and answers["A"]["addresses"] == ["10.0.0.2"]
