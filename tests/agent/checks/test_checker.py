@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.checks.checker import CheckConfig, Checker, copy_health, plan_targets
@@ -17,46 +15,19 @@ from agent.state.hlc import HybridClock
 from agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
 from agent.state.store import Store
 from tests.conftest import wait_for
-
-
-@dataclass
-class Endpoint:
-    """A copy's health endpoint whose answers the test scripts."""
-
-    address: str
-    answers: list[tuple[int, str]] = field(default_factory=list)  # served first, in order
-    steady: tuple[int, str] = (200, "ok")
-    delay: float = 0.0
-    requests: list[tuple[float, str, str]] = field(default_factory=list)  # (time, path, host)
-    runner: web.AppRunner | None = None
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.requests.append((time.monotonic(), request.path, request.headers.get("Host", "")))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        status, body = self.answers.pop(0) if self.answers else self.steady
-        return web.Response(status=status, text=body)
-
-
-async def _start(endpoint: Endpoint, port: int) -> int:
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", endpoint.handle)
-    endpoint.runner = web.AppRunner(app, access_log=None)
-    await endpoint.runner.setup()
-    site = web.TCPSite(endpoint.runner, endpoint.address, port)
-    await site.start()
-    return int(endpoint.runner.addresses[0][1])
+from tests.fakes.health_endpoint import Behaviour, HealthEndpoint
 
 
 @pytest.fixture
-async def endpoints() -> AsyncIterator[tuple[Endpoint, Endpoint, int]]:
-    primary, backup = Endpoint("127.0.0.21"), Endpoint("127.0.0.22")
-    port = await _start(primary, 0)
-    await _start(backup, port)
+async def endpoints() -> AsyncIterator[tuple[HealthEndpoint, HealthEndpoint, int]]:
+    """Two copies' health endpoints on one port, as region ingresses would be."""
+    primary = HealthEndpoint("127.0.0.21")
+    port = await primary.start()
+    backup = HealthEndpoint("127.0.0.22", port)
+    await backup.start()
     yield primary, backup, port
     for endpoint in (primary, backup):
-        assert endpoint.runner is not None
-        await endpoint.runner.cleanup()
+        await endpoint.stop()
 
 
 def _store() -> Store:
@@ -87,7 +58,7 @@ def _health(checker: Checker, region: str) -> CopyHealth | None:
     return checker.observations.get(("shop", region))
 
 
-async def test_first_round_and_request_shape(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+async def test_first_round_and_request_shape(endpoints: tuple[HealthEndpoint, HealthEndpoint, int]) -> None:
     primary, _backup, port = endpoints
     store = _store()
     checker = Checker(store, _config(port), CollectorRegistry())
@@ -95,33 +66,35 @@ async def test_first_round_and_request_shape(endpoints: tuple[Endpoint, Endpoint
     try:
         assert _health(checker, "sfo1") == CopyHealth(True, "ok", ())
         assert _health(checker, "ams1") == CopyHealth(True, "ok", ())
-        _, path, host = primary.requests[0]
-        assert path == "/global-health/shop"
-        assert host == f"runr-health.g.example.com:{port}"
+        first = primary.records[0]
+        assert first.path == "/global-health/shop"
+        assert first.host == f"runr-health.g.example.com:{port}"
     finally:
         await _stop(task)
 
 
-async def test_a_failure_is_confirmed_by_a_quick_recheck(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+async def test_a_failure_is_confirmed_by_a_quick_recheck(
+    endpoints: tuple[HealthEndpoint, HealthEndpoint, int],
+) -> None:
     primary, _backup, port = endpoints
     store = _store()
     checker = Checker(store, _config(port, interval=1.0, recheck=0.05), CollectorRegistry())
     task = await _run(checker)
     try:
-        primary.steady = (503, "down")
-        flipped_at = time.monotonic()
+        primary.set("down")
+        flipped_at = time.time()
         await wait_for(lambda: (h := _health(checker, "sfo1")) is not None and not h.healthy, timeout=3,
                        message="sfo1 down")
         health = _health(checker, "sfo1")
         assert health is not None and "http 503" in health.reason
-        times = [t for t, _, _ in primary.requests if t >= flipped_at]
+        times = [r.arrived for r in primary.records if r.arrived >= flipped_at]
         assert len(times) == 2  # the failing regular check and its quick confirmation
         assert times[1] - times[0] < 0.5  # not a whole interval later
     finally:
         await _stop(task)
 
 
-async def test_one_lost_check_does_not_flip(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+async def test_one_lost_check_does_not_flip(endpoints: tuple[HealthEndpoint, HealthEndpoint, int]) -> None:
     primary, _backup, port = endpoints
     store = _store()
     checker = Checker(store, _config(port, interval=0.2), CollectorRegistry())
@@ -129,9 +102,9 @@ async def test_one_lost_check_does_not_flip(endpoints: tuple[Endpoint, Endpoint,
     checker.observations.subscribe(lambda copies: seen.extend(checker.observations.get(c) for c in copies))
     task = await _run(checker)
     try:
-        start = len(primary.requests)
-        primary.answers = [(503, "down")]
-        await wait_for(lambda: len(primary.requests) >= start + 4, timeout=5, message="four more checks")
+        start = len(primary.records)
+        primary.once("down")
+        await wait_for(lambda: len(primary.records) >= start + 4, timeout=5, message="four more checks")
         assert seen and all(h is not None and h.healthy for h in seen)
         assert store.get(copy_key("shop", "sfo1")) is None  # observations never go into the store
     finally:
@@ -143,10 +116,10 @@ async def test_one_lost_check_does_not_flip(endpoints: tuple[Endpoint, Endpoint,
     ((503, "ok"), 0.0, "http 503"),
     ((200, "ok"), 0.6, "timeout"),
 ])
-async def test_what_counts_as_a_failure(endpoints: tuple[Endpoint, Endpoint, int], answer: tuple[int, str],
-                                        delay: float, detail: str) -> None:
+async def test_what_counts_as_a_failure(endpoints: tuple[HealthEndpoint, HealthEndpoint, int],
+                                        answer: tuple[int, str], delay: float, detail: str) -> None:
     primary, _backup, port = endpoints
-    primary.steady, primary.delay = answer, delay
+    primary.set(Behaviour(answer[0], answer[1], delay))
     store = _store()
     checker = Checker(store, _config(port, interval=0.3), CollectorRegistry())
     task = await _run(checker)
@@ -159,15 +132,15 @@ async def test_what_counts_as_a_failure(endpoints: tuple[Endpoint, Endpoint, int
         await _stop(task)
 
 
-async def test_recovery_needs_rise_successes(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+async def test_recovery_needs_rise_successes(endpoints: tuple[HealthEndpoint, HealthEndpoint, int]) -> None:
     primary, _backup, port = endpoints
-    primary.steady = (503, "down")
+    primary.set("down")
     store = _store()
     checker = Checker(store, _config(port, interval=0.3), CollectorRegistry())
     task = await _run(checker)
     try:
         assert not (_health(checker, "sfo1") or CopyHealth(True)).healthy
-        primary.steady = (200, "still ok")  # "ok" as a substring counts, like stringmatch
+        primary.set("200 still ok")  # "ok" as a substring counts, like stringmatch
         await wait_for(lambda: (h := _health(checker, "sfo1")) is not None and h.healthy, timeout=5,
                        message="sfo1 back up")
         target = next(t for t in checker.states if t.address == "127.0.0.21")
@@ -176,7 +149,7 @@ async def test_recovery_needs_rise_successes(endpoints: tuple[Endpoint, Endpoint
         await _stop(task)
 
 
-async def test_targets_follow_the_store(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+async def test_targets_follow_the_store(endpoints: tuple[HealthEndpoint, HealthEndpoint, int]) -> None:
     _primary, backup, port = endpoints
     store = _store()
     checker = Checker(store, _config(port, interval=0.2), CollectorRegistry())
@@ -186,9 +159,9 @@ async def test_targets_follow_the_store(endpoints: tuple[Endpoint, Endpoint, int
         assert len(checker.states) == 2
         store.put(project_key("shop"), Project("shop", ("sfo1",)))
         assert {t.address for t in checker.states} == {"127.0.0.21"}
-        count = len(backup.requests)
+        count = len(backup.records)
         store.put(project_key("blog"), Project("blog", ("ams1",)))
-        await wait_for(lambda: any(p == "/global-health/blog" for _, p, _ in backup.requests[count:]), timeout=3,
+        await wait_for(lambda: any(r.path == "/global-health/blog" for r in backup.records[count:]), timeout=3,
                        message="blog checked")
     finally:
         await _stop(task)
@@ -232,7 +205,7 @@ def test_descriptor_exhaustion_is_a_local_error_and_flips_no_copy() -> None:
     assert "Too many open files" in result["degraded"]
 
 
-async def test_a_burst_of_store_changes_is_one_replan(endpoints: tuple[Endpoint, Endpoint, int]) -> None:
+async def test_a_burst_of_store_changes_is_one_replan(endpoints: tuple[HealthEndpoint, HealthEndpoint, int]) -> None:
     _primary, _backup, port = endpoints
     store = _store()
     registry = CollectorRegistry()
