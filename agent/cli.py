@@ -121,7 +121,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if settings.zone_file is not None:
         from agent.zonefile import read_zone_file
 
-        data = read_zone_file(settings.zone_file)
+        data = read_zone_file(settings.zone_file, settings.zone_file_max_bytes)
         print(f"zone file {settings.zone_file}: {len(data.regions)} regions, {len(data.projects)} projects")
     print(json.dumps(settings.model_dump(mode="json"), indent=2, default=str))
     return 0

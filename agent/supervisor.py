@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.base.tasks import TaskSupervisor
 from agent.checks.checker import Checker
-from agent.settings import AgentSettings
+from agent.settings import AgentSettings, SettingsError, load_settings
 from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
 from agent.state.model import CopyHealth, Kind, copy_key
@@ -51,7 +51,9 @@ class Agent:
         self.zone_file: ZoneFileWatcher | None = None
         if settings.zone_file is not None:
             self.zone_file = ZoneFileWatcher(settings.zone_file, self.store, self.registry,
-                                             poll_interval=settings.zone_file_poll_interval)
+                                             poll_interval=settings.zone_file_poll_interval,
+                                             settle=settings.zone_file_settle, max_bytes=settings.zone_file_max_bytes,
+                                             allow_mass_removal=self._mass_removal_allowed)
         # What this agent's checks see of copies: beside the store, never written into it.
         self.observations = Observations()
         self.dns = ZoneService(settings.dns, self.store, self.registry, self.observations)
@@ -119,8 +121,25 @@ class Agent:
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
+    def zone_generation(self) -> tuple[object, ...]:
+        """What /zone depends on: it is re-rendered only when this changes (never per request)."""
+        tables = self.dns.tables
+        return (id(tables), None if tables is None else tables.serial, self.store.digest(), self.ready.is_set())
+
+    def _mass_removal_allowed(self) -> bool:
+        """The override as the settings file says now (called off the loop on every zone file read).
+
+        So an operator confirms a refused mass removal by setting it and sending SIGHUP.
+        """
+        if self.settings.zone_file_allow_mass_removal:
+            return True
+        try:
+            return load_settings().zone_file_allow_mass_removal
+        except SettingsError:
+            return False
+
         if self.zone_file is not None:
-            self.zone_file.load()  # a bad file at start is fatal: there is no old zone to keep
+            await self.zone_file.load()  # a bad file at start is fatal: there is no old zone to keep
         await self.dns.start()
         await self.health.start()
         self.health.publish(self.region_view())
