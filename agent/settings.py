@@ -45,6 +45,18 @@ class AgentSettings(BaseSettings):
         "SIGHUP or when it changes. A bad file keeps the zone being served and is logged and counted.",
     )
     zone_file_poll_interval: float = Field(default=2.0, gt=0, description="Seconds between zone file checks.")
+    zone_file_settle: float = Field(
+        default=0.5, ge=0,
+        description="A changed zone file is applied once two reads this many seconds apart agree (same size, "
+        "mtime and hash), so a file caught mid-write is never served.")
+    zone_file_max_bytes: int = Field(
+        default=1 << 20, gt=0,
+        description="A larger zone file is refused (the default, 1 MiB, is what a Kubernetes ConfigMap holds).")
+    zone_file_allow_mass_removal: bool = Field(
+        default=False,
+        description="Apply a zone file that removes more than half of the projects at once. Without it such a "
+        "file is refused and logged with the counts; to confirm one, set this in the settings file and send "
+        "SIGHUP (it is re-read on every zone file read), then unset it.")
     kubernetes: bool = Field(
         default=False,
         description="Watch this region's Knative Services (and CloudNativePG clusters) and serve "

@@ -140,11 +140,11 @@ async def _answer_is(agent: Running, expected: set[str], name: str = "shop.g.exa
 
 
 async def _metric_at_least(agent: Running, name: str, value: float) -> bool:
+    """Whether the sum of every series of ``name`` (all label values) reaches ``value``."""
     _status, text = await _get(agent, "/metrics")
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1]) >= value
-    return False
+    total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(name + " ") or line.startswith(name + "{"))
+    return total >= value
 
 
 @pytest.mark.parametrize(("env", "args", "message"), [
