@@ -77,8 +77,12 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 def cmd_zone(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/") + "/zone"
+    request = urllib.request.Request(url)
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        if args.token_file:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=5) as response:
             data = json.load(response)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"region-agent zone: can not read {url}: {exc}", file=sys.stderr)
@@ -146,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     health = with_config(sub.add_parser("health", help="run the health listener as a sidecar process"))
     health.set_defaults(func=cmd_health)
     zone = sub.add_parser("zone", help="print the zone a running agent answers, with each target's health")
-    zone.add_argument("--url", default="http://127.0.0.1:8086", help="the agent's health/metrics listener")
+    zone.add_argument("--url", default="http://127.0.0.1:8087",
+                      help="the agent's operator listener (health.operator_listen_addresses, operator_port)")
+    zone.add_argument("--token-file", help="bearer token for the operator listener (health.operator_token_file)")
     zone.add_argument("--json", action="store_true", help="raw JSON")
     zone.set_defaults(func=cmd_zone)
     check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))

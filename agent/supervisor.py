@@ -35,6 +35,7 @@ from agent.state.observations import Observations
 from agent.state.store import TOMBSTONE_SWEEP_SECONDS, Entry, Store
 from agent.zonefile import ZoneFileWatcher
 from globaldns.service import ZoneService
+from health.operator import Document
 from health.service import HealthService
 
 logger = logging.getLogger("region_agent.supervisor")
@@ -61,7 +62,7 @@ class Agent:
                                skip_region=settings.region if settings.kubernetes else None,
                                observations=self.observations)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
-                                    documents={"/zone": self.zone_description})
+                                    documents={"/zone": Document(self.zone_description, self.zone_generation)})
         self.kube: Any = None  # agent.kube.sources.KubeSources, imported only when used
         self.usage: Any = None  # agent.usage.service.UsageService when metering runs; .status for health
         self._kube_api: Any = None
@@ -118,9 +119,6 @@ class Agent:
             "records": [] if tables is None else list(tables.description),
         }
 
-    # --- lifecycle ----------------------------------------------------------------------
-
-    async def start(self) -> None:
     def zone_generation(self) -> tuple[object, ...]:
         """What /zone depends on: it is re-rendered only when this changes (never per request)."""
         tables = self.dns.tables
@@ -138,6 +136,9 @@ class Agent:
         except SettingsError:
             return False
 
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
         if self.zone_file is not None:
             await self.zone_file.load()  # a bad file at start is fatal: there is no old zone to keep
         await self.dns.start()

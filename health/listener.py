@@ -1,4 +1,4 @@
-"""The health listener: aiohttp on port 8086, answering from a :class:`ViewSource`.
+"""The health listeners: aiohttp on port 8086 (public) and 8087 (operator), answering from a :class:`ViewSource`.
 
 This is a hot path (DNS servers and monitors of every region poll it), so it is built on
 aiohttp's low-level ``web.Server`` + ``ServerRunner`` instead of an ``Application``: one
@@ -8,44 +8,69 @@ answers come from :mod:`health.views` (pure); per request the listener only read
 source, validates or makes a request id, builds a small header dict and counts into plain
 ints (:mod:`health.metrics`). aiohttp's access log is off; :mod:`health.access_log` decides
 what to log. Catch-all dispatch also means a 404 or 405 carries ``X-Region`` and
-``X-Request-Id`` like every other answer.
+``X-Request-Id`` like every other answer, and so does the 400 of a request aiohttp could not
+parse (:mod:`health.connections`, which also bounds connections and their timing).
+
+Two roles (:class:`Role`):
+
+- ``public`` (8086, every address): ``/global-health/<slug>``, ``/health/region``, ``/livez``,
+  ``/readyz``, with reason *codes* only (no condition messages, namespaces, revision names);
+  anything else is 404;
+- ``operator`` (8087, loopback by default): the same paths with every detail, ``/metrics``
+  (rendered at most once per ``metrics_cache_seconds``) and the documents it is given (the
+  agent's ``/zone``, rendered once per zone generation); with ``operator_token_file`` set,
+  every path but ``/livez`` and ``/readyz`` needs ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import errno
 import logging
+import resource
 import time
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.base.clock import Clock, SystemClock
 from agent.base.names import region_name
 from agent.state.local import RegionView
 from health import views
-from health.access_log import LOGGER_NAME, RequestLog
-from health.metrics import RequestStats, ViewCollector
+from health.access_log import LOGGER_NAME, RequestLog, TokenBucket
+from health.connections import GuardedServer, GuardedSite, errno_name
+from health.metrics import ListenerMetrics, RequestStats
+from health.operator import BearerToken, Document, DocumentCache, MetricsCache
 from health.request_ids import RequestIds
 from health.settings import HealthSettings
 from health.source import ViewSource, as_source
-from health.views import Answer, CopyCounts, Freshness
+from health.views import Answer, CopyCounts
 
-__all__ = ["HealthListener"]
+__all__ = ["HealthListener", "Role"]
+
+
+class Role(enum.StrEnum):
+    PUBLIC = "public"
+    OPERATOR = "operator"
+
 
 _METHODS = frozenset(("GET", "HEAD"))
 _GLOBAL = "/global-health/"
 _GLOBAL_LEN = len(_GLOBAL)
-_FIXED_KINDS = {"/health/region": "region", "/livez": "livez", "/readyz": "readyz", "/metrics": "metrics"}
+_PUBLIC_KINDS = {"/health/region": "region", "/livez": "livez", "/readyz": "readyz"}
+_OPERATOR_KINDS = {**_PUBLIC_KINDS, "/metrics": "metrics"}
+_OPEN_KINDS = frozenset(("livez", "readyz"))  # kubelet probes carry no token
 # An address family the host lacks: skip that address unless told to require all.
 _FAMILY_MISSING = {errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT}
+# Accept errors: one log line per episode, and at most one per this many seconds over episodes.
+_ACCEPT_LOG_INTERVAL = 10.0
 
 
 class HealthListener:
-    """Serves the health endpoints on the configured addresses.
+    """Serves the health endpoints of one role on its addresses.
 
     Lifecycle: :meth:`start` (binds, raises if nothing can be bound), :meth:`stop`; or
     :meth:`run`, which starts, waits until cancelled and stops, for a guarded task.
@@ -58,31 +83,48 @@ class HealthListener:
         source: ViewSource | Callable[[], RegionView | None],
         settings: HealthSettings,
         registry: CollectorRegistry,
+        role: Role = Role.PUBLIC,
+        port: int | None = None,
+        metrics: ListenerMetrics | None = None,
         clock: Clock | None = None,
         logger: logging.Logger | None = None,
-        documents: Mapping[str, Callable[[], object]] | None = None,
+        documents: Mapping[str, Document] | None = None,
     ) -> None:
-        """``documents`` adds read-only JSON endpoints (path → provider), e.g. the agent's ``/zone``."""
+        """``port`` overrides the role's port setting; ``metrics`` is shared by one process's listeners.
+
+        ``documents`` adds read-only JSON endpoints (path → :class:`Document`) to an operator
+        listener, e.g. the agent's ``/zone``.
+        """
         self._region = region_name(region)
-        self._documents = dict(documents or {})
+        self.role = role
+        operator = role is Role.OPERATOR
+        if documents and not operator:
+            raise ValueError("documents are served by the operator listener only")
+        self._operator = operator
+        self._fixed_kinds = _OPERATOR_KINDS if operator else _PUBLIC_KINDS
+        self._documents = {path: DocumentCache(doc) for path, doc in (documents or {}).items()}
         self._source = as_source(source)
         self._settings = settings
-        self._registry = registry
+        self._hosts = settings.operator_listen_addresses if operator else settings.listen_addresses
+        self._port = port if port is not None else (settings.operator_port if operator else settings.port)
         self._clock = clock or SystemClock()
         self._wall = self._clock.wall
         self._log = logger or logging.getLogger(LOGGER_NAME)
         self._ids = RequestIds(self._region, wall=self._wall)
-        self._stats = RequestStats()
+        metrics = metrics if metrics is not None else ListenerMetrics(registry)
+        self._stats, self._conn_stats = metrics.add(role.value)
         self._requests = RequestLog(
             region=self._region,
             per_second=settings.request_log_per_second,
-            registry=registry,
+            suppressed=metrics.logs_suppressed,
             logger=self._log,
             monotonic=self._clock.monotonic,
         )
+        self._metrics = MetricsCache(registry, max_age=settings.metrics_cache_seconds) if operator else None
+        self._token: BearerToken | None = None
+        self._accept_log = TokenBucket(1 / _ACCEPT_LOG_INTERVAL, burst=1.0, monotonic=self._clock.monotonic)
+        self._accept_failing_since: float | None = None
         self._counted: tuple[RegionView | None, CopyCounts] = (None, views.count_copies(None))
-        registry.register(self._stats)
-        registry.register(ViewCollector(self._scrape_snapshot))
         self._started_at = self._wall()
         self._runner: web.ServerRunner | None = None
 
@@ -91,7 +133,20 @@ class HealthListener:
     async def start(self) -> None:
         if self._runner is not None:
             raise RuntimeError("HealthListener.start() called twice; call stop() first")
-        server = web.Server(self.handle, access_log=None)
+        if self._operator and self._settings.operator_token_file is not None:
+            self._token = BearerToken(self._settings.operator_token_file)  # raises naming the setting
+        settings = self._settings
+        server = GuardedServer(
+            self.handle,
+            header_timeout=settings.header_timeout_seconds,
+            max_connections=settings.max_connections,
+            stats=self._conn_stats,
+            error_response=self._error_response,
+            access_log=None,
+            keepalive_timeout=settings.idle_timeout_seconds,
+            lingering_time=0.0,  # GET and HEAD only: never wait for a body nobody reads
+            max_headers=64,
+        )
         runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
         self._runner = runner
@@ -101,18 +156,24 @@ class HealthListener:
             await self.stop()
             raise
         self._log.info(
-            "health listener listening", extra={"region": self._region, "addresses": self.addresses}
+            "health listener (%s) listening", self.role.value,
+            extra={"region": self._region, "addresses": self.addresses},
         )
+        self._warn_if_descriptors_short()
 
     async def _bind_all(self, runner: web.ServerRunner) -> None:
         skipped: list[str] = []
-        for host in self._settings.listen_addresses:
-            site = web.TCPSite(runner, host, self._settings.port, backlog=1024)
+        settings = self._settings
+        names = ("health.operator_listen_addresses", "health.operator_port") if self._operator \
+            else ("health.listen_addresses", "health.port")
+        for host in self._hosts:
+            site = GuardedSite(runner, host, self._port, backlog=1024,
+                               on_error=self._accept_failed, on_recovered=self._accept_recovered)
             try:
                 await site.start()
             except OSError as exc:
                 await site.stop()
-                if exc.errno in _FAMILY_MISSING and not self._settings.require_all_addresses:
+                if exc.errno in _FAMILY_MISSING and not settings.require_all_addresses:
                     self._log.warning(
                         "health listener skips %s: %s", host, exc.strerror, extra={"region": self._region}
                     )
@@ -120,12 +181,22 @@ class HealthListener:
                     continue
                 raise OSError(
                     exc.errno,
-                    f"health listener can not listen on [{host}]:{self._settings.port}: {exc.strerror} "
-                    "(settings health.listen_addresses, health.port)",
+                    f"health listener ({self.role.value}) can not listen on [{host}]:{self._port}: "
+                    f"{exc.strerror} (settings {names[0]}, {names[1]})",
                 ) from exc
-        if len(skipped) == len(self._settings.listen_addresses):
-            raise OSError(f"health listener could bind none of {list(self._settings.listen_addresses)} "
-                          "(setting health.listen_addresses)")
+        if len(skipped) == len(self._hosts):
+            raise OSError(f"health listener ({self.role.value}) could bind none of {list(self._hosts)} "
+                          f"(setting {names[0]})")
+
+    def _warn_if_descriptors_short(self) -> None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cap = self._settings.max_connections
+        if soft != resource.RLIM_INFINITY and 2 * cap >= soft:
+            self._log.warning(
+                "health.max_connections (%d per listener) is not well under the descriptor limit (%d): "
+                "connections can exhaust descriptors the DNS server and the checks need", cap, soft,
+                extra={"region": self._region},
+            )
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
@@ -151,6 +222,32 @@ class HealthListener:
     def stats(self) -> RequestStats:
         return self._stats
 
+    # --- accept errors --------------------------------------------------------------------
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Counted every time; logged once per episode (and at most every ten seconds)."""
+        name = errno_name(exc)
+        conns = self._conn_stats
+        conns.accept_errors[name] = conns.accept_errors.get(name, 0) + 1
+        conns.accept_paused = True
+        if self._accept_failing_since is None:
+            self._accept_failing_since = self._clock.monotonic()
+            if self._accept_log.take():
+                self._log.warning(
+                    "health listener (%s) can not accept connections: %s; backing off until it can",
+                    self.role.value, exc.strerror or name, extra={"region": self._region, "error": name},
+                )
+
+    def _accept_recovered(self) -> None:
+        conns = self._conn_stats
+        conns.accept_paused = False
+        since, self._accept_failing_since = self._accept_failing_since, None
+        if since is not None and self._accept_log.take():
+            self._log.info(
+                "health listener (%s) accepts connections again after %.1f s", self.role.value,
+                self._clock.monotonic() - since, extra={"region": self._region},
+            )
+
     # --- requests -------------------------------------------------------------------------
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -159,12 +256,20 @@ class HealthListener:
         request_id = self._ids.accept(headers.get("X-Request-Id"))
         path = request.path
         method = request.method
-        kind = "global-health" if path.startswith(_GLOBAL) else _FIXED_KINDS.get(path, "other")
+        kind = "global-health" if path.startswith(_GLOBAL) else self._fixed_kinds.get(path, "other")
         if kind == "other" and path in self._documents:
             kind = "document"
         try:
             if method not in _METHODS:
                 answer = views.method_not_allowed(region=self._region, request_id=request_id)
+            elif (self._token is not None and kind not in _OPEN_KINDS
+                  and not self._token.accepts(headers.get("Authorization"))):
+                kind = "unauthorized"
+                answer = views.unauthorized(region=self._region, request_id=request_id)
+            elif kind == "metrics":
+                assert self._metrics is not None  # operator role: built in __init__
+                answer = views.metrics(await self._metrics.get(), CONTENT_TYPE_LATEST,
+                                       region=self._region, request_id=request_id)
             else:
                 answer = self._answer(kind, path, headers.get("Accept"), request_id)
         except asyncio.CancelledError:
@@ -182,6 +287,23 @@ class HealthListener:
         )
         return response
 
+    def _error_response(
+        self, request: web.BaseRequest, status: int, exc: BaseException | None, message: str | None
+    ) -> web.StreamResponse:
+        """aiohttp could not parse the request (400), or a handler failed: same headers as any answer.
+
+        One info line through the request log's rate limit, with the parser's complaint as the
+        reason and no traceback: a client's garbage is not the agent's error.
+        """
+        request_id = self._ids.accept(None)  # nothing of a malformed request is trusted
+        answer = views.bad_request(status, region=self._region, request_id=request_id)
+        complaint = message or (str(exc) if exc is not None else "")
+        reason = " ".join(f"{type(exc).__name__ if exc else 'error'}: {complaint}".split())[:200]
+        self._stats.observe("malformed", status, 0.0)
+        self._requests.record(method="-", path="-", status=status, seconds=0.0, request_id=request_id,
+                              reason=reason)
+        return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
+
     def _answer(self, kind: str, path: str, accept: str | None, request_id: str) -> Answer:
         region = self._region
         if kind == "global-health":
@@ -189,24 +311,22 @@ class HealthListener:
             return views.global_health(
                 view, path[_GLOBAL_LEN:], region=region, request_id=request_id, freshness=freshness,
                 want_json=accept is not None and "application/json" in accept, now=self._wall(),
+                verbose=self._operator,
             )
         if kind == "region":
             view, freshness = self._source.current()
             return views.region_health(
                 view, region=region, request_id=request_id, freshness=freshness, now=self._wall(),
                 lag_threshold_seconds=self._settings.degraded_lag_seconds,
-                listener_started_at=self._started_at, counts=self._counts(view),
+                listener_started_at=self._started_at, counts=self._counts(view), verbose=self._operator,
             )
         if kind == "livez":
             return views.liveness(region=region, request_id=request_id)
         if kind == "readyz":
             view, freshness = self._source.current()
             return views.readiness(view, freshness, region=region, request_id=request_id)
-        if kind == "metrics":
-            return views.metrics(generate_latest(self._registry), CONTENT_TYPE_LATEST,
-                                 region=region, request_id=request_id)
         if kind == "document":
-            return views.document(self._documents[path](), region=region, request_id=request_id)
+            return views.document(self._documents[path].get(), region=region, request_id=request_id)
         return views.not_found(region=region, request_id=request_id)
 
     def _counts(self, view: RegionView | None) -> CopyCounts:
@@ -216,7 +336,3 @@ class HealthListener:
             counts = views.count_copies(view)
             self._counted = (view, counts)
         return counts
-
-    def _scrape_snapshot(self) -> tuple[RegionView | None, Freshness, CopyCounts]:
-        view, freshness = self._source.current()
-        return view, freshness, self._counts(view)

@@ -12,22 +12,27 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agent.state.local import RegionView
-from health.views import CopyCounts, Freshness
+from health.views import CopyCounts, Freshness, count_copies
 
-__all__ = ["KINDS", "LATENCY_BOUNDS", "RequestStats", "ViewCollector"]
+__all__ = ["KINDS", "LATENCY_BOUNDS", "ConnectionStats", "ListenerMetrics", "RequestStats", "ViewCollector"]
 
 # Path kinds, the only values of the `kind` label (a bounded set: never the raw path).
-KINDS = ("global-health", "region", "livez", "readyz", "metrics", "document", "other")
+KINDS = ("global-health", "region", "livez", "readyz", "metrics", "document", "malformed", "unauthorized", "other")
 # Handler latency is tens of microseconds; the upper buckets catch a stalled loop.
 LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+# Why the listener closed a connection itself (the `reason` label).
+CLOSE_REASONS = ("header-timeout", "idle-timeout", "cap")
 
 
-class RequestStats(Collector):
-    """Requests by kind and status code, and a handler-latency histogram by kind."""
+class RequestStats:
+    """One listener's requests by kind and status code, and a handler-latency histogram by kind."""
+
+    __slots__ = ("_buckets", "_counts", "_sums")
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, int], int] = {}
@@ -45,40 +50,117 @@ class RequestStats(Collector):
     def count(self, kind: str, status: int) -> int:
         return self._counts.get((kind, status), 0)
 
+
+class ConnectionStats:
+    """One listener's connections: open now, closed by the listener (by reason), accept errors."""
+
+    __slots__ = ("accept_errors", "accept_paused", "closed", "open")
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.closed: dict[str, int] = dict.fromkeys(CLOSE_REASONS, 0)
+        self.accept_errors: dict[str, int] = {}  # errno name -> failed accepts
+        self.accept_paused = False
+
+
+class ListenerMetrics(Collector):
+    """The metrics of every listener of one process, exported with a ``listener`` label.
+
+    Build one per registry and hand it to each :class:`~health.listener.HealthListener`;
+    the counting objects are plain (one event loop, no locks) and become metric families
+    only when scraped.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._listeners: dict[str, tuple[RequestStats, ConnectionStats]] = {}
+        self.logs_suppressed = Counter(
+            "region_agent_health_request_logs_suppressed",
+            "Request log lines dropped by the request_log_per_second limit (the requests were answered).",
+            registry=registry,
+        )
+        registry.register(self)
+
+    def add(self, listener: str) -> tuple[RequestStats, ConnectionStats]:
+        if listener in self._listeners:
+            raise ValueError(f"a listener named {listener!r} is already counted here")
+        stats = self._listeners[listener] = (RequestStats(), ConnectionStats())
+        return stats
+
     def describe(self) -> Iterable[Metric]:
-        yield CounterMetricFamily("region_agent_health_requests", "", labels=["kind", "code"])
-        yield HistogramMetricFamily("region_agent_health_request_duration_seconds", "", labels=["kind"])
+        yield CounterMetricFamily("region_agent_health_requests", "", labels=["listener", "kind", "code"])
+        yield HistogramMetricFamily("region_agent_health_request_duration_seconds", "", labels=["listener", "kind"])
+        yield GaugeMetricFamily("region_agent_health_connections", "", labels=["listener"])
+        yield CounterMetricFamily("region_agent_health_connections_closed", "", labels=["listener", "reason"])
+        yield CounterMetricFamily("region_agent_health_accept_errors", "", labels=["listener", "error"])
+        yield GaugeMetricFamily("region_agent_health_accept_paused", "", labels=["listener"])
 
     def collect(self) -> Iterable[Metric]:
         requests = CounterMetricFamily(
             "region_agent_health_requests",
-            "Requests answered by the health listener, by path kind and HTTP status code.",
-            labels=["kind", "code"],
+            "Requests answered by the health listeners, by listener, path kind and HTTP status code.",
+            labels=["listener", "kind", "code"],
         )
-        for (kind, status), n in sorted(self._counts.items()):
-            requests.add_metric([kind, str(status)], n)
-        yield requests
         latency = HistogramMetricFamily(
             "region_agent_health_request_duration_seconds",
-            "Time spent in the health listener's handler (after HTTP parsing), by path kind.",
-            labels=["kind"],
+            "Time spent in a health listener's handler (after HTTP parsing), by listener and path kind.",
+            labels=["listener", "kind"],
         )
-        for kind in KINDS:
-            counts = self._buckets[kind]
-            cumulative = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, n in zip((*map(repr, LATENCY_BOUNDS), "+Inf"), counts, strict=True):
-                cumulative += n
-                buckets.append((bound, cumulative))
-            latency.add_metric([kind], buckets, self._sums[kind])
-        yield latency
+        connections = GaugeMetricFamily(
+            "region_agent_health_connections", "Open connections of a health listener.", labels=["listener"]
+        )
+        closed = CounterMetricFamily(
+            "region_agent_health_connections_closed",
+            "Connections a health listener closed itself: header-timeout (request not received in "
+            "time), idle-timeout, cap (the quietest connection, to admit a new one over max_connections).",
+            labels=["listener", "reason"],
+        )
+        accept_errors = CounterMetricFamily(
+            "region_agent_health_accept_errors",
+            "Failed accepts (EMFILE: out of descriptors, ...); the listener backs off and retries.",
+            labels=["listener", "error"],
+        )
+        paused = GaugeMetricFamily(
+            "region_agent_health_accept_paused",
+            "1 while a health listener backs off from accepting after an accept error.",
+            labels=["listener"],
+        )
+        for name, (stats, conns) in self._listeners.items():
+            for (kind, status), n in sorted(stats._counts.items()):
+                requests.add_metric([name, kind, str(status)], n)
+            for kind in KINDS:
+                cumulative = 0
+                buckets: list[tuple[str, float]] = []
+                for bound, n in zip((*map(repr, LATENCY_BOUNDS), "+Inf"), stats._buckets[kind], strict=True):
+                    cumulative += n
+                    buckets.append((bound, cumulative))
+                latency.add_metric([name, kind], buckets, stats._sums[kind])
+            connections.add_metric([name], conns.open)
+            for reason, n in conns.closed.items():
+                closed.add_metric([name, reason], n)
+            for error, n in sorted(conns.accept_errors.items()):
+                accept_errors.add_metric([name, error], n)
+            paused.add_metric([name], 1.0 if conns.accept_paused else 0.0)
+        yield from (requests, latency, connections, closed, accept_errors, paused)
 
 
 class ViewCollector(Collector):
-    """Gauges about the held view, read from the listener at scrape time."""
+    """Gauges about the held view, read from the source at scrape time.
 
-    def __init__(self, snapshot: Callable[[], tuple[RegionView | None, Freshness, CopyCounts]]) -> None:
-        self._snapshot = snapshot
+    Registered once per process by whoever owns the source (the agent's ``HealthService``,
+    the sidecar), not per listener.
+    """
+
+    def __init__(self, current: Callable[[], tuple[RegionView | None, Freshness]]) -> None:
+        self._current = current
+        self._counted: tuple[RegionView | None, CopyCounts] = (None, count_copies(None))
+
+    def _snapshot(self) -> tuple[RegionView | None, Freshness, CopyCounts]:
+        view, freshness = self._current()
+        counted, counts = self._counted
+        if counted is not view:  # views are immutable: count once per view
+            counts = count_copies(view)
+            self._counted = (view, counts)
+        return view, freshness, counts
 
     def describe(self) -> Iterable[Metric]:
         for name in (

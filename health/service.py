@@ -3,23 +3,28 @@
 The supervisor builds one :class:`HealthService`, starts :meth:`HealthService.run` as a
 guarded task and calls :meth:`HealthService.publish` with every new :class:`RegionView`.
 
-- in-process (the default): the listener runs in the agent, answering from a
-  :class:`~health.source.ViewHolder`; ``publish`` is one attribute store;
+- in-process (the default): the public listener (``port``, 8086) runs in the agent,
+  answering from a :class:`~health.source.ViewHolder`; ``publish`` is one attribute store;
 - sidecar: the agent runs only the :class:`~health.feed.FeedPublisher`; a separate
-  ``region-agent health`` process (:func:`health.sidecar.run_sidecar`) answers.
+  ``region-agent health`` process (:func:`health.sidecar.run_sidecar`) answers publicly.
+
+In both modes the agent serves its operator listener (``operator_port``, 8087): /metrics,
+/zone, verbose health answers, /livez and /readyz.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
 from agent.base.clock import Clock
 from agent.state.local import RegionView
 from health.feed import FeedPublisher
-from health.listener import HealthListener
+from health.listener import HealthListener, Role
+from health.metrics import ListenerMetrics, ViewCollector
+from health.operator import Document
 from health.settings import HealthMode, HealthSettings
 from health.source import ViewHolder
 
@@ -34,20 +39,25 @@ class HealthService:
         region: str,
         registry: CollectorRegistry,
         clock: Clock | None = None,
-        documents: Mapping[str, Callable[[], object]] | None = None,
+        documents: Mapping[str, Document] | None = None,
     ) -> None:
-        """``documents``: extra JSON endpoints of the agent's listener (path → provider)."""
+        """``documents``: extra JSON endpoints of the operator listener (path → :class:`Document`)."""
         self.settings = settings
         self.holder = ViewHolder()
         self.publisher: FeedPublisher | None = None
-        listener_settings = settings
+        metrics = ListenerMetrics(registry)
+        registry.register(ViewCollector(self.holder.current))
+        self.listener: HealthListener | None = None  # the public one, when it runs in this process
         if settings.mode is HealthMode.SIDECAR:
-            # The sidecar answers on `port`; the agent keeps its metrics and probes on `agent_port`.
             self.publisher = FeedPublisher.from_settings(settings, registry=registry)
-            listener_settings = settings.model_copy(update={"port": settings.agent_port})
-        self.listener = HealthListener(
-            region=region, source=self.holder, settings=listener_settings, registry=registry, clock=clock,
-            documents=documents,
+        else:
+            self.listener = HealthListener(
+                region=region, source=self.holder, settings=settings, registry=registry, clock=clock,
+                metrics=metrics,
+            )
+        self.operator = HealthListener(
+            region=region, source=self.holder, settings=settings, registry=registry, clock=clock,
+            role=Role.OPERATOR, metrics=metrics, documents=documents,
         )
 
     def publish(self, view: RegionView) -> None:
@@ -57,15 +67,23 @@ class HealthService:
             self.publisher.publish(view)
 
     async def start(self) -> None:
-        """Bind the listener (in-process) or the feed socket (sidecar); raises on failure."""
-        await self.listener.start()
-        if self.publisher is not None:
-            await self.publisher.start()
+        """Bind the listeners and, in sidecar mode, the feed socket; raises on failure."""
+        await self.operator.start()
+        try:
+            if self.listener is not None:
+                await self.listener.start()
+            if self.publisher is not None:
+                await self.publisher.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         if self.publisher is not None:
             await self.publisher.stop()
-        await self.listener.stop()
+        if self.listener is not None:
+            await self.listener.stop()
+        await self.operator.stop()
 
     async def run(self) -> None:
         """Start, serve until cancelled, stop (for ``create_guarded_task``)."""
@@ -74,4 +92,3 @@ class HealthService:
             await asyncio.Event().wait()
         finally:
             await self.stop()
-

@@ -51,13 +51,78 @@ class HealthSettings(BaseModel):
         le=65535,
         description="TCP port of the listener; 0 picks a free one (tests, benches).",
     )
-    agent_port: int = Field(
+    operator_listen_addresses: tuple[str, ...] = Field(
+        default=("127.0.0.1",),
+        description=(
+            "IP literals of the operator listener (/metrics, /zone, verbose /health/region and "
+            "/global-health). Loopback by default: on a hostNetwork node anything else is the node's "
+            "network. To let Prometheus or the kubelet reach it, listen on the pod address (or "
+            "0.0.0.0) and set `operator_token_file`; /livez and /readyz stay open for probes."
+        ),
+    )
+    operator_port: int = Field(
         default=8087,
         ge=0,
         le=65535,
         description=(
-            "Sidecar mode only: the agent's own listener (/metrics with the DNS metrics, /readyz, "
-            "/livez, /zone), since the sidecar owns `port`. In-process mode serves all of it on `port`."
+            "TCP port of the agent's operator listener, in both modes (the agent always serves it; "
+            "the public listener on `port` runs in the agent or in the sidecar). 0 picks a free one."
+        ),
+    )
+    sidecar_operator_port: int = Field(
+        default=8088,
+        ge=0,
+        le=65535,
+        description=(
+            "Sidecar mode: the sidecar's own operator listener (its /metrics: feed and request "
+            "metrics), on `operator_listen_addresses`; it shares the pod's network with the agent, "
+            "so it needs a port of its own. 0 picks a free one."
+        ),
+    )
+    operator_token_file: Path | None = Field(
+        default=None,
+        description=(
+            "File holding a bearer token the operator listener requires (`Authorization: Bearer "
+            "<token>`, compared in constant time; 401 otherwise), except on /livez and /readyz. "
+            "Re-read when the file changes (a rotated Kubernetes Secret). None: no token (fine on "
+            "loopback only)."
+        ),
+    )
+    metrics_cache_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "/metrics is rendered at most once per this many seconds, whoever asks: N scrapers cost "
+            "one render. Rendering thousands of series takes milliseconds of the agent's loop, so 0 "
+            "(every scrape renders) lets scrapers slow DNS answers; longer serves older numbers."
+        ),
+    )
+    header_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "A request's line, headers (and body, if any) must arrive within this from its first byte, "
+            "or the connection is closed (slowloris). Monitors send a request in one packet; longer "
+            "only helps a client on a very slow link."
+        ),
+    )
+    idle_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "An open connection with no request is closed after this long (from connect, or from the "
+            "end of the previous answer). aiohttp's default is an hour; every idle connection holds a "
+            "descriptor. Shorter than a client's own keep-alive makes that client reconnect."
+        ),
+    )
+    max_connections: int = Field(
+        default=512,
+        ge=1,
+        description=(
+            "Open connections per listener. A new connection beyond it closes the connection that "
+            "has been quiet longest (as Knot and NSD do with DNS over TCP), so connections held by "
+            "a flood can not lock out monitors. Keep the sum of both listeners' caps well under the "
+            "process's descriptor limit (`ulimit -n`): a warning at start says when it is not."
         ),
     )
     require_all_addresses: bool = Field(
@@ -138,7 +203,7 @@ class HealthSettings(BaseModel):
         ),
     )
 
-    @field_validator("listen_addresses")
+    @field_validator("listen_addresses", "operator_listen_addresses")
     @classmethod
     def _ip_literals(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:

@@ -28,7 +28,8 @@ from agent.base.logs import setup_logging
 from agent.base.names import region_name
 from agent.base.tasks import cancel_and_wait, create_guarded_task
 from health.feed import FeedSubscriber
-from health.listener import HealthListener
+from health.listener import HealthListener, Role
+from health.metrics import ListenerMetrics, ViewCollector
 from health.settings import HealthMode, HealthSettings
 
 __all__ = ["main", "run_sidecar"]
@@ -44,22 +45,36 @@ async def run_sidecar(
 ) -> None:
     """Serve health answers from the agent's feed until ``stop`` is set or the task is cancelled.
 
-    Binds the listener first (so a bad address fails at once, with the setting named),
-    then follows the feed. Until the first view arrives every project answers 503 ``stale``
+    Binds the public listener (``port``) and the sidecar's operator listener
+    (``sidecar_operator_port``: its own /metrics) first, so a bad address fails at once with
+    the setting named, then follows the feed. Until the first view arrives every project answers 503 ``stale``
     and ``/readyz`` is 503.
     """
     registry = registry if registry is not None else CollectorRegistry()
     subscriber = FeedSubscriber.from_settings(settings, region=region, registry=registry, clock=clock)
+    metrics = ListenerMetrics(registry)
+    registry.register(ViewCollector(subscriber.current))
     listener = HealthListener(
-        region=region, source=subscriber, settings=settings, registry=registry, clock=clock
+        region=region, source=subscriber, settings=settings, registry=registry, clock=clock, metrics=metrics
+    )
+    # The sidecar's own metrics (feed, requests) on its operator port; the agent has 8087.
+    operator = HealthListener(
+        region=region, source=subscriber, settings=settings, registry=registry, clock=clock, metrics=metrics,
+        role=Role.OPERATOR, port=settings.sidecar_operator_port,
     )
     await listener.start()
+    try:
+        await operator.start()
+    except BaseException:
+        await listener.stop()
+        raise
     gc.freeze()  # start-up objects live as long as the process: keep them out of GC pauses
     feed = create_guarded_task(subscriber.run(), name="health-feed-subscriber")
     try:
         await (stop.wait() if stop is not None else asyncio.Event().wait())
     finally:
         await cancel_and_wait([feed], budget=2.0)
+        await operator.stop()
         await listener.stop()
 
 
@@ -70,6 +85,9 @@ def _parse(argv: Sequence[str] | None) -> tuple[HealthSettings, str, str]:
     parser.add_argument("--feed-socket", type=Path, default=defaults.feed_socket)
     parser.add_argument("--listen", action="append", help="listen address (repeatable)")
     parser.add_argument("--port", type=int, default=defaults.port)
+    parser.add_argument("--operator-port", type=int, default=defaults.sidecar_operator_port,
+                        help="the sidecar's own /metrics (loopback unless --operator-listen)")
+    parser.add_argument("--operator-listen", action="append", help="operator listen address (repeatable)")
     parser.add_argument("--stale-after", type=float, default=defaults.stale_after_seconds)
     parser.add_argument("--heartbeat-interval", type=float, default=defaults.heartbeat_interval_seconds,
                         help="only checked against --stale-after (the agent sends the heartbeats)")
@@ -82,6 +100,10 @@ def _parse(argv: Sequence[str] | None) -> tuple[HealthSettings, str, str]:
         feed_socket=args.feed_socket,
         listen_addresses=tuple(args.listen) if args.listen else defaults.listen_addresses,
         port=args.port,
+        sidecar_operator_port=args.operator_port,
+        operator_listen_addresses=(
+            tuple(args.operator_listen) if args.operator_listen else defaults.operator_listen_addresses
+        ),
         stale_after_seconds=args.stale_after,
         heartbeat_interval_seconds=args.heartbeat_interval,
         feed_reconnect_max_seconds=args.reconnect_max,

@@ -31,6 +31,7 @@ __all__ = [
     "Answer",
     "CopyCounts",
     "Freshness",
+    "bad_request",
     "count_copies",
     "degraded_reasons",
     "global_health",
@@ -41,6 +42,7 @@ __all__ = [
     "readiness",
     "region_health",
     "server_error",
+    "unauthorized",
     "verdict",
 ]
 
@@ -137,8 +139,13 @@ def global_health(
     freshness: Freshness,
     want_json: bool,
     now: float,
+    verbose: bool = False,
 ) -> Answer:
-    """``GET /global-health/<slug>``: 200 ``ok`` or 503/404 with the reason."""
+    """``GET /global-health/<slug>``: 200 ``ok`` or 503/404 with the reason.
+
+    The public listener shows reason codes only; ``verbose`` (the operator listener) adds
+    the detail text, namespace, Service and revisions.
+    """
     status, reason, copy = verdict(view, slug, freshness)
     if not want_json:
         return Answer(
@@ -159,15 +166,16 @@ def global_health(
         "status": status,
         "healthy": status == 200,
         "reason": reason.value,
-        "detail": _detail(view, reason, copy, freshness),
-        "namespace": copy.namespace if copy else None,
-        "service": copy.service if copy else None,
-        "revisions": list(copy.revisions) if copy else [],
         "view_generated_at": view.generated_at if view else None,
         "view_age_seconds": _age(now, view.generated_at) if view else None,
         "feed_age_seconds": freshness.age_seconds if freshness.sidecar else None,
         "request_id": request_id,
     }
+    if verbose:
+        facts["detail"] = _detail(view, reason, copy, freshness)
+        facts["namespace"] = copy.namespace if copy else None
+        facts["service"] = copy.service if copy else None
+        facts["revisions"] = list(copy.revisions) if copy else []
     headers = _base_headers(region, request_id, JSON)
     headers["X-Health-Reason"] = reason.value
     return Answer(status, _json(facts), headers, reason.value)
@@ -207,11 +215,21 @@ def degraded_reasons(
             reasons.append("watch-failing")
         if any(_lagging(b, lag_threshold_seconds) for b in view.bindings):
             reasons.append("replica-lag")
+        if view.degraded:
+            reasons.append("agent-degraded")
     return tuple(reasons)
 
 
 def _lagging(binding: BindingStatus, threshold: float) -> bool:
     return binding.lag_seconds is not None and binding.lag_seconds > threshold
+
+
+def _binding_counts(bindings: tuple[BindingStatus, ...], threshold: float) -> dict[str, int]:
+    return {
+        "total": len(bindings),
+        "streaming": sum(1 for b in bindings if b.streaming),
+        "lagging": sum(1 for b in bindings if _lagging(b, threshold)),
+    }
 
 
 def region_health(
@@ -224,8 +242,13 @@ def region_health(
     lag_threshold_seconds: float,
     listener_started_at: float,
     counts: CopyCounts | None = None,
+    verbose: bool = False,
 ) -> Answer:
-    """``GET /health/region``: always 200 with JSON; degradation is in the headers and body."""
+    """``GET /health/region``: always 200 with JSON; degradation is in the headers and body.
+
+    Public (default): reason codes and counts only. ``verbose`` (the operator listener) adds
+    the watch errors' text, each binding, and the agent's problems (``agent_problems``).
+    """
     if counts is None:
         counts = count_copies(view)
     reasons = degraded_reasons(view, freshness, lag_threshold_seconds=lag_threshold_seconds)
@@ -242,7 +265,7 @@ def region_health(
             "synced_age_seconds": _age(now, view.synced_at) if view else None,
             "last_event_at": view.last_event_at if view else None,
             "last_event_age_seconds": _age(now, view.last_event_at) if view else None,
-            "watch_errors": list(view.watch_errors) if view else [],
+            "watch_errors": len(view.watch_errors) if view else 0,
         },
         "view": {
             "generated_at": view.generated_at if view else None,
@@ -263,16 +286,19 @@ def region_health(
             "unhealthy": counts.unhealthy,
             "by_reason": dict(counts.by_reason),
         },
-        "bindings": [
-            {**b.to_dict(), "lagging": _lagging(b, lag_threshold_seconds)}
-            for b in (view.bindings if view else ())
-        ],
+        "bindings": _binding_counts(view.bindings if view else (), lag_threshold_seconds),
         "zone": {
             "serial": view.zone_serial if view else None,
             "digest": view.zone_digest if view else None,
         },
         "request_id": request_id,
     }
+    if verbose:
+        body["cache"]["watch_errors"] = list(view.watch_errors) if view else []
+        body["bindings"] = [
+            {**b.to_dict(), "lagging": _lagging(b, lag_threshold_seconds)} for b in (view.bindings if view else ())
+        ]
+        body["agent_problems"] = list(view.degraded) if view else []
     headers = _base_headers(region, request_id, JSON)
     if reasons:
         headers["X-Degraded"] = "true"
@@ -303,9 +329,26 @@ def metrics(body: bytes, content_type: str, *, region: str, request_id: str) -> 
     return Answer(200, body, _base_headers(region, request_id, content_type))
 
 
-def document(data: object, *, region: str, request_id: str) -> Answer:
-    """A read-only JSON document another component serves on this port (``/zone``)."""
-    return Answer(200, json.dumps(data, default=str).encode(), _base_headers(region, request_id, JSON))
+def document(body: bytes, *, region: str, request_id: str) -> Answer:
+    """A read-only JSON document, already serialized, of the operator listener (``/zone``)."""
+    return Answer(200, body, _base_headers(region, request_id, JSON))
+
+
+def unauthorized(*, region: str, request_id: str) -> Answer:
+    headers = _base_headers(region, request_id, TEXT)
+    headers["WWW-Authenticate"] = 'Bearer realm="region-agent operator"'
+    return Answer(401, b"a bearer token is required", headers, "unauthorized")
+
+
+_ERROR_BODIES = {400: b"bad request", 500: b"internal error", 504: b"timed out"}
+
+
+def bad_request(status: int, *, region: str, request_id: str) -> Answer:
+    """The answer to a request the HTTP parser refused (400) or a handler that failed (5xx)."""
+    body = _ERROR_BODIES.get(status, b"error")
+    headers = _base_headers(region, request_id, TEXT)
+    headers["Connection"] = "close"
+    return Answer(status, body, headers, "malformed" if status == 400 else "error")
 
 
 def not_found(*, region: str, request_id: str) -> Answer:

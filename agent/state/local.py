@@ -99,6 +99,9 @@ class RegionView:
     bindings: tuple[BindingStatus, ...] = ()
     zone_serial: int | None = None
     zone_digest: str | None = None
+    # Problems of the agent itself, one line each ("checks: local errors (EMFILE)", a task
+    # restarting): the region reports degraded; the text is shown to operators only.
+    degraded: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +111,7 @@ class RegionView:
             "copies": [c.to_dict() for c in self.copies.values()],
             "bindings": [b.to_dict() for b in self.bindings],
             "zone_serial": self.zone_serial, "zone_digest": self.zone_digest,
+            "degraded": list(self.degraded),
         }
 
     @classmethod
@@ -121,4 +125,5 @@ class RegionView:
             copies={c.slug: c for c in copies},
             bindings=tuple(BindingStatus.from_dict(b) for b in data.get("bindings") or ()),
             zone_serial=data.get("zone_serial"), zone_digest=data.get("zone_digest"),
+            degraded=tuple(data.get("degraded") or ()),
         )

@@ -69,7 +69,7 @@ async def world(tmp_path: Path, control_plane: FakeControlPlane) -> AsyncIterato
         dns={"zone": "g.example.com", "listen_addresses": ["127.0.0.1"], "port": 0},
         checks={"host": "runr-health.g.example.com", "port": backup.port, "interval": 0.3,
                 "timeout": 0.3},
-        health={"listen_addresses": ["127.0.0.1"], "port": 0},
+        health={"listen_addresses": ["127.0.0.1"], "port": 0, "operator_port": 0},
         kube={"config": "kubeconfig", "kubeconfig": str(_kubeconfig(tmp_path / "kubeconfig", url)),
               "cnpg": {"enabled": False}, "node_name": "node-a"},
         usage={"spool_path": str(tmp_path / "usage.sqlite3"), "endpoint_url": control_plane.url,
@@ -94,6 +94,7 @@ async def _answer(agent: Agent) -> set[str]:
 
 
 async def _global_health(agent: Agent) -> tuple[int, str]:
+    assert agent.health.listener is not None
     host, port = agent.health.listener.addresses[0]
     async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/global-health/shop") as response:
         return response.status, await response.text()
@@ -137,9 +138,13 @@ async def _health_if(agent: Agent, status: int, word: str) -> bool:
 async def test_not_ready_until_the_watch_has_listed(world: tuple[FakeKubeApi, Agent, FakeCopy]) -> None:
     _api, agent, _backup = world
     await asyncio.wait_for(agent.ready.wait(), 10)
+    assert agent.health.listener is not None
     host, port = agent.health.listener.addresses[0]
     async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/readyz") as response:
         assert response.status == 200
+    async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/zone") as response:
+        assert response.status == 404  # operator data is not on the public listener
+    host, port = agent.health.operator.addresses[0]
     async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/zone") as response:
         zone = await response.json()
     (shop,) = [r for r in zone["records"] if r.get("type") == "project"]

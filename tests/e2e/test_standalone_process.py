@@ -43,6 +43,7 @@ class Running:
     zone: Path
     copies: dict[str, FakeCopy]
     log: Path
+    operator_port: int = 0  # /metrics, /zone: the operator listener
 
 
 @pytest.fixture
@@ -56,6 +57,7 @@ async def agent(tmp_path: Path) -> AsyncIterator[Running]:
     zone = tmp_path / "zone.yaml"
     zone.write_text(ZONE)
     dns_port, http_port = _free_port(), _free_port(socket.SOCK_STREAM)
+    operator_port = _free_port(socket.SOCK_STREAM)
     config = tmp_path / "agent.yaml"
     config.write_text(f"""
 region: sfo1
@@ -63,14 +65,14 @@ zone_file: zone.yaml
 zone_file_poll_interval: 0.2
 dns: {{zone: g.example.com, listen_addresses: [127.0.0.1], port: {dns_port}}}
 checks: {{host: runr-health.g.example.com, port: {check_port}, interval: 0.5, timeout: 0.4}}
-health: {{listen_addresses: [127.0.0.1], port: {http_port}}}
+health: {{listen_addresses: [127.0.0.1], port: {http_port}, operator_port: {operator_port}}}
 """)
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], stdout=out,
                                    stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
     try:
-        yield Running(process, dns_port, http_port, zone, copies, log)
+        yield Running(process, dns_port, http_port, zone, copies, log, operator_port)
     finally:
         if process.poll() is None:
             process.kill()
@@ -89,9 +91,11 @@ async def _answer(agent: Running, name: str = "shop.g.example.com") -> set[str] 
 
 
 async def _get(agent: Running, path: str) -> tuple[int, str]:
+    # /metrics and /zone are the operator listener's; the public port answers them 404.
+    port = agent.operator_port if path in ("/metrics", "/zone") else agent.http_port
     try:
         async with aiohttp.ClientSession() as http, \
-                http.get(f"http://127.0.0.1:{agent.http_port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                http.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
             return r.status, await r.text()
     except aiohttp.ClientError:
         return 0, ""
@@ -121,7 +125,7 @@ async def test_serves_fails_over_reloads_and_stops(agent: Running) -> None:
                           message="new project")
 
     cli = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", "zone", "--url", f"http://127.0.0.1:{agent.http_port}",
+        sys.executable, "-m", "agent", "zone", "--url", f"http://127.0.0.1:{agent.operator_port}",
         stdout=asyncio.subprocess.PIPE)
     out, _ = await cli.communicate()
     text = out.decode()
@@ -169,7 +173,9 @@ async def test_region_agent_health_runs_the_sidecar_fed_by_the_agent(agent: Runn
     sidecar_port = _free_port(socket.SOCK_STREAM)
     env = {**os.environ, "REGION_AGENT_HEALTH__MODE": "sidecar",
            "REGION_AGENT_HEALTH__FEED_SOCKET": str(tmp_path / "feed.sock"),
-           "REGION_AGENT_HEALTH__PORT": str(sidecar_port), "REGION_AGENT_HEALTH__AGENT_PORT": str(agent.http_port),
+           "REGION_AGENT_HEALTH__PORT": str(sidecar_port),
+           "REGION_AGENT_HEALTH__OPERATOR_PORT": str(agent.operator_port),
+           "REGION_AGENT_HEALTH__SIDECAR_OPERATOR_PORT": str(_free_port(socket.SOCK_STREAM)),
            "REGION_AGENT_HEALTH__STALE_AFTER_SECONDS": "1", "REGION_AGENT_HEALTH__HEARTBEAT_INTERVAL_SECONDS": "0.2",
            "REGION_AGENT_HEALTH__FEED_RECONNECT_MAX_SECONDS": "0.3",
            "REGION_AGENT_HEALTH__LISTEN_ADDRESSES": '["127.0.0.1"]'}

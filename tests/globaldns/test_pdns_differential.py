@@ -287,7 +287,7 @@ region: sfo1
 zone_file: zone.yaml
 dns: {{zone: {ZONE}, listen_addresses: [127.0.0.1], port: {port}}}
 checks: {{host: {CHECK_HOST}, port: {health_port}, interval: 1, timeout: 1, recheck_delay: 0.1, fall: 2, rise: 2}}
-health: {{listen_addresses: [127.0.0.1], port: {metrics_port}}}
+health: {{listen_addresses: [127.0.0.1], port: {metrics_port}, operator_port: 0}}
 """, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
     log = tmp / "agent.log"

@@ -30,11 +30,13 @@ def view(
     watch_errors: tuple[str, ...] = (),
     generated_at: float = NOW,
     region: str = REGION,
+    degraded: tuple[str, ...] = (),
 ) -> RegionView:
     return RegionView(
         region=region, started_at=NOW - 100, generated_at=generated_at, synced=synced,
         synced_at=NOW - 90 if synced else None, last_event_at=NOW - 5, watch_errors=watch_errors,
         copies={c.slug: c for c in copies}, bindings=bindings, zone_serial=7, zone_digest="abc123",
+        degraded=degraded,
     )
 
 

@@ -26,6 +26,7 @@ FULL = view(
     many_copies(50),
     bindings=(BindingStatus("p00001", "proj-p00001", "db", True, 1.5, "fine"),),
     watch_errors=("services: 500",),
+    degraded=("checks: local errors (EMFILE)",),
 )
 
 
@@ -37,6 +38,14 @@ def test_every_field_of_a_view_survives_a_snapshot() -> None:
     assert message.seq == 3
     assert message.view == FULL
     assert message.view.copies["p00001"].revisions == ("p00001-00001",)
+    assert message.view.degraded == ("checks: local errors (EMFILE)",)
+    assert RegionView.from_dict(FULL.to_dict()) == FULL  # the other serialization keeps it too
+
+
+def test_a_change_of_the_agents_problems_travels_in_a_delta() -> None:
+    new = dataclasses.replace(FULL, degraded=())
+    message = decode(encode_delta(FULL, new, 5))
+    assert isinstance(message, Delta) and apply_delta(FULL, message).degraded == ()
 
 
 def test_a_view_with_every_optional_field_empty_survives() -> None:

@@ -16,13 +16,15 @@ from agent.base.clock import ManualClock
 from agent.base.logs import JsonFormatter
 from agent.state.local import CopyReason, RegionView
 from health.access_log import LOGGER_NAME
-from health.listener import HealthListener
+from health.listener import HealthListener, Role
+from health.metrics import ViewCollector
 from health.request_ids import is_valid_request_id
 from health.settings import HealthSettings
 from health.source import ViewHolder, ViewSource
 from tests.health.helpers import REGION, copy, many_copies, view
 
-LOOPBACK = HealthSettings(listen_addresses=("127.0.0.1",), port=0)
+LOOPBACK = HealthSettings(listen_addresses=("127.0.0.1",), port=0, operator_listen_addresses=("127.0.0.1",),
+                          operator_port=0)
 MakeListener = Callable[..., Awaitable[tuple[HealthListener, str]]]
 
 
@@ -37,9 +39,11 @@ async def make_listener() -> AsyncIterator[MakeListener]:
         settings: HealthSettings = LOOPBACK,
         registry: CollectorRegistry | None = None,
         clock: ManualClock | None = None,
+        role: Role = Role.PUBLIC,
     ) -> tuple[HealthListener, str]:
         listener = HealthListener(
-            region=REGION, source=source, settings=settings, registry=registry or CollectorRegistry(), clock=clock
+            region=REGION, source=source, settings=settings, registry=registry or CollectorRegistry(), clock=clock,
+            role=role,
         )
         await listener.start()
         started.append(listener)
@@ -82,15 +86,19 @@ async def test_global_health_answers_and_headers(make_listener: MakeListener, ht
 
 
 async def test_json_when_asked(make_listener: MakeListener, http: aiohttp.ClientSession) -> None:
-    _, base = await make_listener(ViewHolder(HOLDER_VIEW))
-    status, body, headers = await get(
-        http, f"{base}/global-health/blog", headers={"Accept": "application/json, text/plain;q=0.5"}
-    )
+    _, public = await make_listener(ViewHolder(HOLDER_VIEW))
+    _, operator = await make_listener(ViewHolder(HOLDER_VIEW), role=Role.OPERATOR)
+    accept = {"Accept": "application/json, text/plain;q=0.5"}
+    status, body, headers = await get(http, f"{public}/global-health/blog", headers=accept)
     assert status == 503
     assert headers["Content-Type"] == "application/json"
     facts = json.loads(body)
-    assert facts["reason"] == "route-not-ready" and facts["detail"] == "RoutesReady=False"
-    assert facts["request_id"] == headers["X-Request-Id"]
+    assert facts["reason"] == "route-not-ready" and facts["request_id"] == headers["X-Request-Id"]
+    # Public: the reason code only, never the condition text, namespace or revisions.
+    assert not {"detail", "namespace", "service", "revisions"} & facts.keys()
+    assert "RoutesReady" not in body and "proj-blog" not in body
+    facts = json.loads((await get(http, f"{operator}/global-health/blog", headers=accept))[1])
+    assert facts["detail"] == "RoutesReady=False" and facts["namespace"] == "proj-blog"
 
 
 async def test_request_id_kept_when_valid_replaced_otherwise(
@@ -139,6 +147,7 @@ async def test_region_endpoint(make_listener: MakeListener, http: aiohttp.Client
     assert json.loads(body)["copies"] == {
         "total": 100, "healthy": 90, "unhealthy": 10, "by_reason": {"no-ready-revision": 10}
     }
+    assert "services: 500" not in body and json.loads(body)["cache"]["watch_errors"] == 1
     holder.set(view([copy("a")]))
     status, body, headers = await get(http, f"{base}/health/region")
     assert "X-Degraded" not in headers
@@ -155,17 +164,22 @@ async def test_a_plain_callable_is_a_source(make_listener: MakeListener, http: a
 
 async def test_metrics(make_listener: MakeListener, http: aiohttp.ClientSession) -> None:
     registry = CollectorRegistry()
-    listener, base = await make_listener(ViewHolder(HOLDER_VIEW), registry=registry)
+    holder = ViewHolder(HOLDER_VIEW)
+    registry.register(ViewCollector(holder.current))
+    settings = LOOPBACK.model_copy(update={"metrics_cache_seconds": 0.0})
+    listener, base = await make_listener(holder, registry=registry, role=Role.OPERATOR, settings=settings)
     for _ in range(3):
         await get(http, f"{base}/global-health/shop")
     await get(http, f"{base}/global-health/blog")
     await get(http, f"{base}/nope")
     status, text, headers = await get(http, f"{base}/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    assert 'region_agent_health_requests_total{code="200",kind="global-health"} 3.0' in text
-    assert 'region_agent_health_requests_total{code="503",kind="global-health"} 1.0' in text
-    assert 'region_agent_health_requests_total{code="404",kind="other"} 1.0' in text
-    assert 'region_agent_health_request_duration_seconds_count{kind="global-health"} 4.0' in text
+    labels = 'kind="global-health",listener="operator"'
+    assert f'region_agent_health_requests_total{{code="200",{labels}}} 3.0' in text
+    assert f'region_agent_health_requests_total{{code="503",{labels}}} 1.0' in text
+    assert 'region_agent_health_requests_total{code="404",kind="other",listener="operator"} 1.0' in text
+    assert f'region_agent_health_request_duration_seconds_count{{{labels}}} 4.0' in text
+    assert 'region_agent_health_connections{listener="operator"} 1.0' in text
     assert 'region_agent_health_copies{state="healthy"} 1.0' in text
     assert "region_agent_health_cache_synced 1.0" in text
     assert listener.stats.count("global-health", 200) == 3

@@ -10,20 +10,21 @@ from prometheus_client import CollectorRegistry
 
 from agent.base.tasks import cancel_and_wait, create_guarded_task
 from health.feed import FeedSubscriber
+from health.operator import Document
 from health.service import HealthService
 from health.settings import HealthMode, HealthSettings
-from tests.conftest import wait_for
-from tests.health.helpers import copy, view
+from tests.health.helpers import copy, view, wait_until
 
 
 async def test_in_process_serves_what_is_published() -> None:
-    settings = HealthSettings(listen_addresses=("127.0.0.1",), port=0)
+    settings = HealthSettings(listen_addresses=("127.0.0.1",), port=0, operator_port=0)
     service = HealthService(settings, region="sfo1", registry=CollectorRegistry())
     assert service.publisher is None
     task = create_guarded_task(service.run(), name="health")
     try:
         listener = service.listener
-        await wait_for(lambda: listener.addresses, message="listening")
+        assert listener is not None
+        await wait_until(lambda: listener.addresses, message="listening")
         host, port = listener.addresses[0]
         service.publish(view([copy("shop")]))
         async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/global-health/shop") as response:
@@ -36,9 +37,10 @@ async def test_in_process_serves_what_is_published() -> None:
 async def test_sidecar_mode_publishes_and_keeps_its_own_port(tmp_path: Path) -> None:
     socket_path = tmp_path / "feed.sock"
     settings = HealthSettings(mode=HealthMode.SIDECAR, feed_socket=socket_path, heartbeat_interval_seconds=0.05,
-                              listen_addresses=("127.0.0.1",), port=8086, agent_port=0)
+                              listen_addresses=("127.0.0.1",), port=8086, operator_port=0)
     service = HealthService(settings, region="sfo1", registry=CollectorRegistry(),
-                            documents={"/zone": lambda: {"serial": 7}})
+                            documents={"/zone": Document(lambda: {"serial": 7}, lambda: 7)})
+    assert service.listener is None  # the sidecar answers publicly
     assert service.publisher is not None
     published = view([copy("shop")])
     service.publish(published)
@@ -46,9 +48,9 @@ async def test_sidecar_mode_publishes_and_keeps_its_own_port(tmp_path: Path) -> 
     subscriber = FeedSubscriber(socket_path=socket_path, region="sfo1", stale_after=5.0, registry=CollectorRegistry())
     follow = asyncio.get_running_loop().create_task(subscriber.run())
     try:
-        await wait_for(lambda: subscriber.current()[0] == published, message="the view through the socket")
-        (host, port), = service.listener.addresses  # the agent's own port, not the sidecar's 8086
-        assert port != 8086
+        await wait_until(lambda: subscriber.current()[0] == published, message="the view through the socket")
+        (host, port), = service.operator.addresses  # the agent's operator port, not the sidecar's 8086
+        assert port != 8086 and host == "127.0.0.1"
         async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/zone") as response:
             assert (response.status, await response.json()) == (200, {"serial": 7})
     finally:

@@ -32,6 +32,7 @@ V1 = view([copy("shop"), copy("blog", CopyReason.NO_READY_REVISION, detail="revi
 class Sidecar:
     process: asyncio.subprocess.Process
     base: str
+    operator: str  # its own /metrics, on the sidecar's operator port
     log: Path
     bound: float
 
@@ -77,16 +78,17 @@ async def start_sidecar(
     started: list[Sidecar] = []
 
     async def start(bound: float) -> Sidecar:
-        port = _free_port()
+        port, operator_port = _free_port(), _free_port()
         log = tmp_path / f"sidecar-{len(started)}.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "health.sidecar", "--region", "sfo1", "--feed-socket", str(socket_path),
-                "--listen", "127.0.0.1", "--port", str(port), "--stale-after", str(bound),
+                "--listen", "127.0.0.1", "--port", str(port), "--operator-port", str(operator_port),
+                "--stale-after", str(bound),
                 "--heartbeat-interval", str(HEARTBEAT), "--reconnect-max", "0.1",
                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=out,
             )
-        sidecar = Sidecar(process, f"http://127.0.0.1:{port}", log, bound)
+        sidecar = Sidecar(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{operator_port}", log, bound)
         started.append(sidecar)
 
         async def listening() -> bool:
@@ -119,7 +121,7 @@ async def status_of(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
 
 
 async def metric(http: aiohttp.ClientSession, sidecar: Sidecar, sample: str) -> float:
-    _, text = await status_of(http, f"{sidecar.base}/metrics")
+    _, text = await status_of(http, f"{sidecar.operator}/metrics")
     for line in text.splitlines():
         if line.startswith(sample + " "):
             return float(line.split()[-1])

@@ -89,12 +89,23 @@ def test_global_health_json_has_the_same_facts(case: Case) -> None:
     assert body["slug"] == case.slug
     assert body["region"] == REGION
     assert body["request_id"] == RID
-    assert isinstance(body["detail"], str)
+    assert "detail" not in body  # public: reason codes only
+    verbose = views.global_health(
+        case.view, case.slug, region=REGION, request_id=RID, freshness=case.freshness, want_json=True, now=NOW,
+        verbose=True,
+    )
+    assert isinstance(json.loads(verbose.body)["detail"], str)
 
 
-def test_json_carries_the_copy_details() -> None:
-    answer = views.global_health(
+def test_json_carries_the_copy_details_for_operators_only() -> None:
+    public = views.global_health(
         view(ALL_COPIES), "norev", region=REGION, request_id=RID, freshness=IN_PROCESS, want_json=True, now=NOW + 2
+    )
+    assert b"ImagePullBackOff" not in public.body and b"proj-norev" not in public.body
+    assert b"norev-00001" not in public.body
+    answer = views.global_health(
+        view(ALL_COPIES), "norev", region=REGION, request_id=RID, freshness=IN_PROCESS, want_json=True, now=NOW + 2,
+        verbose=True,
     )
     body = json.loads(answer.body)
     assert body["detail"] == "revision norev-00001 failed: ImagePullBackOff"
@@ -106,7 +117,8 @@ def test_json_carries_the_copy_details() -> None:
 
 def test_json_of_a_stale_answer_says_how_old_the_feed_is() -> None:
     answer = views.global_health(
-        view(ALL_COPIES), "ok-copy", region=REGION, request_id=RID, freshness=STALE_SIDECAR, want_json=True, now=NOW
+        view(ALL_COPIES), "ok-copy", region=REGION, request_id=RID, freshness=STALE_SIDECAR, want_json=True, now=NOW,
+        verbose=True,
     )
     body = json.loads(answer.body)
     assert body["feed_age_seconds"] == 15.2
@@ -137,11 +149,12 @@ BROKEN = BindingStatus("nodata", "proj-nodata", "nodata-db2", False, None, "wal 
         ("lag over threshold", view(bindings=(STREAMING, LAGGING)), IN_PROCESS, ("replica-lag",)),
         ("a replica not streaming is the copy's problem", view(bindings=(BROKEN,)), IN_PROCESS, ()),
         ("feed stale", view(), STALE_SIDECAR, ("feed-stale",)),
+        ("agent degraded", view(degraded=("checks: local errors (EMFILE)",)), IN_PROCESS, ("agent-degraded",)),
         (
             "everything at once",
-            view(synced=False, watch_errors=("x",), bindings=(LAGGING,)),
+            view(synced=False, watch_errors=("x",), bindings=(LAGGING,), degraded=("task x restarting: boom",)),
             STALE_SIDECAR,
-            ("feed-stale", "cache-not-synced", "watch-failing", "replica-lag"),
+            ("feed-stale", "cache-not-synced", "watch-failing", "replica-lag", "agent-degraded"),
         ),
     ],
 )
@@ -166,10 +179,11 @@ def test_region_degraded_headers(
 
 
 def test_region_body_shape() -> None:
-    the_view = view(ALL_COPIES, bindings=(STREAMING, LAGGING), watch_errors=("clusters: timeout",))
+    the_view = view(ALL_COPIES, bindings=(STREAMING, LAGGING), watch_errors=("clusters: timeout",),
+                    degraded=("checks: local errors (EMFILE)",))
     answer = views.region_health(
         the_view, region=REGION, request_id=RID, freshness=FRESH_SIDECAR, now=NOW, lag_threshold_seconds=30.0,
-        listener_started_at=NOW - 10,
+        listener_started_at=NOW - 10, verbose=True,
     )
     body = json.loads(answer.body)
     assert body["mode"] == "sidecar"
@@ -192,9 +206,27 @@ def test_region_body_shape() -> None:
         {"slug": "nodata", "namespace": "proj-nodata", "name": "nodata-db", "streaming": True,
          "lag_seconds": 45.0, "detail": "", "lagging": True},
     ]
+    assert body["agent_problems"] == ["checks: local errors (EMFILE)"]
     assert body["zone"] == {"serial": 7, "digest": "abc123"}
     assert body["feed"] == {"age_seconds": 0.4, "stale": False, "stale_after_seconds": 15.0}
     assert body["view"] == {"generated_at": NOW, "age_seconds": 0.0}
+
+
+def test_region_body_shows_codes_and_counts_publicly() -> None:
+    the_view = view(ALL_COPIES, bindings=(STREAMING, LAGGING, BROKEN), watch_errors=("clusters: timeout",),
+                    degraded=("checks: local errors (EMFILE)",))
+    answer = views.region_health(
+        the_view, region=REGION, request_id=RID, freshness=IN_PROCESS, now=NOW, lag_threshold_seconds=30.0,
+        listener_started_at=NOW - 10,
+    )
+    body = json.loads(answer.body)
+    assert body["degraded_reasons"] == ["watch-failing", "replica-lag", "agent-degraded"]
+    assert answer.headers["X-Degraded-Reason"] == "watch-failing,replica-lag,agent-degraded"
+    assert body["cache"]["watch_errors"] == 1
+    assert body["bindings"] == {"total": 3, "streaming": 2, "lagging": 1}
+    assert "agent_problems" not in body
+    for secret in (b"clusters: timeout", b"EMFILE", b"proj-", b"wal receiver", b"nodata-db"):
+        assert secret not in answer.body, secret
 
 
 def test_region_without_a_view() -> None:

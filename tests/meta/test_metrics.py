@@ -15,7 +15,7 @@ async def test_metric_names_and_help(tmp_path: Path) -> None:
     zone.write_text("regions: {sfo1: {ipv4: [127.0.0.51]}}\nprojects: {shop: {regions: [sfo1]}}\n")
     agent = Agent(AgentSettings(region="sfo1", zone_file=zone,
                                 dns={"listen_addresses": ["127.0.0.1"], "port": 0},
-                                health={"listen_addresses": ["127.0.0.1"], "port": 0}))
+                                health={"listen_addresses": ["127.0.0.1"], "port": 0, "operator_port": 0}))
     await agent.start()
     try:
         families = list(agent.registry.collect())

@@ -1,0 +1,146 @@
+"""What only the operator listener has: a bearer token, and renders that cost once, not per request.
+
+- :class:`BearerToken`: the token read from ``operator_token_file``, compared in constant time;
+  the file is looked at again at most every couple of seconds, so a rotated Kubernetes Secret
+  takes effect without a restart.
+- :class:`MetricsCache`: ``generate_latest`` at most once per ``metrics_cache_seconds``
+  whoever asks (N scrapers cost one render), rendered in a worker thread so the event loop
+  (which also answers DNS in the agent) keeps running between the thread's GIL slices.
+- :class:`Document` and :class:`DocumentCache`: a JSON document (the agent's ``/zone``)
+  serialized once per *generation* (a key the provider computes cheaply, e.g. the zone's
+  serial, digest and readiness) and served as bytes until the key changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+
+__all__ = ["BearerToken", "Document", "DocumentCache", "MetricsCache", "TokenFileError"]
+
+logger = logging.getLogger("region_agent.health")
+_RECHECK_SECONDS = 2.0
+
+
+class TokenFileError(ValueError):
+    """The token file can not be used (the message names the setting)."""
+
+
+class BearerToken:
+    """``Authorization: Bearer <token>`` against the token in a file."""
+
+    def __init__(self, path: Path, *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._path = path
+        self._monotonic = monotonic
+        self._mtime_ns = -1
+        self._expected = b""
+        self._checked_at = monotonic()
+        self._load(required=True)
+
+    def _load(self, *, required: bool) -> None:
+        try:
+            stat = os.stat(self._path)
+            if stat.st_mtime_ns == self._mtime_ns:
+                return
+            token = self._path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            if required:
+                raise TokenFileError(
+                    f"health.operator_token_file {self._path}: {exc.strerror}"
+                ) from exc
+            logger.warning("operator token file %s unreadable (%s); keeping the previous token",
+                           self._path, exc.strerror)
+            return
+        if not token:
+            if required:
+                raise TokenFileError(f"health.operator_token_file {self._path} is empty")
+            logger.warning("operator token file %s is empty; keeping the previous token", self._path)
+            return
+        self._expected = b"Bearer " + token.encode()
+        self._mtime_ns = stat.st_mtime_ns
+
+    def accepts(self, authorization: str | None) -> bool:
+        now = self._monotonic()
+        if now - self._checked_at >= _RECHECK_SECONDS:
+            self._checked_at = now
+            self._load(required=False)
+        given = (authorization or "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(given, self._expected)
+
+
+class MetricsCache:
+    """The registry's exposition text, rendered at most once per ``max_age`` seconds."""
+
+    def __init__(self, registry: CollectorRegistry, *, max_age: float,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._registry = registry
+        self._max_age = max_age
+        self._monotonic = monotonic
+        self._body = b""
+        self._rendered_at: float | None = None
+        self._pending: asyncio.Future[bytes] | None = None
+        self.renders = 0
+
+    async def get(self) -> bytes:
+        rendered_at = self._rendered_at
+        if rendered_at is not None and self._monotonic() - rendered_at < self._max_age:
+            return self._body
+        if self._pending is None:  # one render in flight; every other scraper waits for it
+            self._pending = asyncio.ensure_future(self._render())
+        return await asyncio.shield(self._pending)
+
+    async def _render(self) -> bytes:
+        try:
+            try:
+                body = await asyncio.to_thread(generate_latest, self._registry)
+            except RuntimeError:
+                # A collector iterated a dict the loop changed meanwhile: render here, where
+                # nothing else runs, rather than serve an error.
+                body = generate_latest(self._registry)
+            self.renders += 1
+            self._body = body
+            self._rendered_at = self._monotonic()
+            return body
+        finally:
+            self._pending = None
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A read-only JSON document of the operator listener.
+
+    ``generation`` must be cheap and change whenever ``render`` would return something else.
+    """
+
+    render: Callable[[], object]
+    generation: Callable[[], Hashable]
+
+
+class DocumentCache:
+    """Serialized bytes of one :class:`Document`, kept until its generation changes."""
+
+    __slots__ = ("_body", "_document", "_generation", "renders")
+
+    def __init__(self, document: Document) -> None:
+        self._document = document
+        self._generation: Hashable = object()  # equal to nothing: the first get renders
+        self._body = b""
+        self.renders = 0
+
+    def get(self) -> bytes:
+        generation = self._document.generation()
+        if generation != self._generation:
+            self._body = json.dumps(self._document.render(), default=str, separators=(",", ":")).encode()
+            self._generation = generation
+            self.renders += 1
+        return self._body
