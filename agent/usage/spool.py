@@ -253,7 +253,7 @@ class _Db:
         # compares): it finds truncation and damaged pages at a fraction of the cost.
         problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
-            raise SpoolCorruptError(f"{path}: PRAGMA quick_check: {'; '.join(problems[:3])}")
+            raise SpoolCorruptError(f"{path}: PRAGMA quick_check: {'; '.join(problems[:3])[:300]}")
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise SpoolError(f"{path}: SQLite refused WAL mode (got {mode}); is the volume a network filesystem?")

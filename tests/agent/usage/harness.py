@@ -234,8 +234,11 @@ def usage_settings(tmp_path: Path, plane: FakeControlPlane, **overrides: Any) ->
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
-    """Fake apiserver + fake control plane + informer + usage service on simulated time."""
+async def rig(tmp_path: Path, *, ready: bool = True, **overrides: Any) -> AsyncIterator[Rig]:
+    """Fake apiserver + fake control plane + informer + usage service on simulated time.
+
+    ``ready=False``: do not wait for the service to reconcile (its spool may be unavailable).
+    """
     fake = FakeKubeApi()
     await fake.start()
     plane = FakeControlPlane(stall_for=0.5)
@@ -245,7 +248,7 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
     async with ApiClient(Configuration(host=fake.url)) as api:
         current: Rig | None = None
         try:
-            current = await start_service(fake, plane, clock, settings, api)
+            current = await start_service(fake, plane, clock, settings, api, ready=ready)
             yield current
         finally:
             if current is not None:
@@ -257,13 +260,16 @@ async def rig(tmp_path: Path, **overrides: Any) -> AsyncIterator[Rig]:
 
 
 async def start_service(fake: FakeKubeApi, plane: FakeControlPlane, clock: SimClock, settings: UsageSettings,
-                        api: Any, node: Node | None = None) -> Rig:
+                        api: Any, node: Node | None = None, *, ready: bool = True) -> Rig:
     registry = CollectorRegistry()
     informer, service = build_usage(settings, api=api, registry=registry, region=REGION, node=NODE, watch=WATCH,
                                     clock=clock, sleep=clock.sleep)
     tasks = [asyncio.create_task(informer.run(), name="test usage informer"),
              asyncio.create_task(service.run(), name="test usage service")]
-    await wait_for(service.reconciled.is_set, timeout=5, message="usage service reconciled")
+    if ready:
+        await wait_for(service.reconciled.is_set, timeout=5, message="usage service reconciled")
+    else:
+        await wait_for(informer.synced.is_set, timeout=5, message="pod watch synced")
     return Rig(fake, plane, clock, node or Node(fake, clock), registry, settings, informer, service, tasks)
 
 
