@@ -124,6 +124,7 @@ class HealthListener:
         self._token: BearerToken | None = None
         self._accept_log = TokenBucket(1 / _ACCEPT_LOG_INTERVAL, burst=1.0, monotonic=self._clock.monotonic)
         self._accept_failing_since: float | None = None
+        self._accept_episode_logged = False
         self._counted: tuple[RegionView | None, CopyCounts] = (None, views.count_copies(None))
         self._started_at = self._wall()
         self._runner: web.ServerRunner | None = None
@@ -232,7 +233,8 @@ class HealthListener:
         conns.accept_paused = True
         if self._accept_failing_since is None:
             self._accept_failing_since = self._clock.monotonic()
-            if self._accept_log.take():
+            self._accept_episode_logged = self._accept_log.take()
+            if self._accept_episode_logged:
                 self._log.warning(
                     "health listener (%s) can not accept connections: %s; backing off until it can",
                     self.role.value, exc.strerror or name, extra={"region": self._region, "error": name},
@@ -242,7 +244,7 @@ class HealthListener:
         conns = self._conn_stats
         conns.accept_paused = False
         since, self._accept_failing_since = self._accept_failing_since, None
-        if since is not None and self._accept_log.take():
+        if since is not None and self._accept_episode_logged:  # the end of an episode whose start was told
             self._log.info(
                 "health listener (%s) accepts connections again after %.1f s", self.role.value,
                 self._clock.monotonic() - since, extra={"region": self._region},
