@@ -86,7 +86,7 @@ async def run_demo(settings: AgentSettings, *, step_seconds: float, rounds: int)
         await asyncio.wait_for(agent.ready.wait(), settings.checks.timeout * 3 + 5)
         print(f"region-agent is answering {settings.dns.zone} on {server} port {port}. Try:\n"
               f"  dig @{server} -p {port} shop.{settings.dns.zone} A\n"
-              f"  curl -s http://{settings.health.listen_addresses[0]}:{settings.health.port}/metrics\n",
+              f"  curl -s http://{settings.health.operator_listen_addresses[0]}:{settings.health.operator_port}/metrics\n",
               flush=True)
         for _ in range(rounds):
             for states, note in SCRIPT:
