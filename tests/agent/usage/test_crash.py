@@ -1,13 +1,18 @@
-"""SIGKILL the usage process in the middle of a batch with sessions open, restart it, check the bill.
+"""SIGKILL ``region-agent run`` in the middle of a POST, several times, restart it, check the bill.
 
-Real processes and real time: the agent (``tests.agent.usage.agent_process``) talks to the fake
-apiserver and the fake control plane of this test over loopback. Kubernetes timestamps are whole
-seconds, which is the billing granularity: a session's end may be billed up to 1 s late when the
-pod's final state reaches the agent after a checkpoint already billed that second (the rule in
+The real product, started as the operator starts it: ``region-agent run --config agent.yaml`` in
+Kubernetes mode, its kubeconfig pointing at the fake apiserver of this test and its usage endpoint
+at the fake control plane, over loopback, in real time. Kubernetes timestamps are whole seconds,
+which is the billing granularity: a session's end may be billed up to 1 s late when the pod's final
+state reaches the agent after a checkpoint already billed that second (the rule in
 ``agent.usage.sessions``: billed seconds are never taken back). Every other second is exact,
-including sessions that were open across the crash. The one designed loss is asserted exactly: a
-pod that vanished while the agent was dead, without a deletion time the agent had seen, is
-billed up to its last persisted checkpoint (at most one checkpoint interval before the kill).
+including sessions that were open across a crash. The one designed loss is asserted exactly: a pod
+that vanished while the agent was dead, without a deletion time the agent had seen, is billed up
+to its last persisted checkpoint (at most one checkpoint interval before the kill).
+
+The first kill hits a POST the control plane holds (nothing stored); the later ones hit a POST the
+control plane stores after the agent died, so the restarted agent sends committed records again
+and the idempotency keys must deduplicate them.
 """
 
 from __future__ import annotations
@@ -34,25 +39,61 @@ from tests.fakes.kube_api import FakeKubeApi
 ROOT = Path(__file__).resolve().parents[3]
 NODE = "node-a"
 CHECKPOINT = 1.0
+STALL = 1.5  # the control plane stores a stalled batch this long after it arrived: the agent is dead by then
+COMMAND = Path(sys.executable).with_name("region-agent")  # the console script the package installs
+
+
+def write_config(tmp_path: Path, kube_url: str, plane: FakeControlPlane) -> Path:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": kube_url}}],
+        "users": [{"name": "agent", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "agent"}}],
+    }))
+    config = tmp_path / "agent.yaml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "region": "sfo1", "node": NODE, "kubernetes": True, "log_level": "info",
+        "dns": {"zone": "g.example.com", "listen_addresses": ["127.0.0.1"], "port": 0},
+        "health": {"listen_addresses": ["127.0.0.1"], "port": 0, "operator_port": 0},
+        "kube": {"config": "kubeconfig", "kubeconfig": str(kubeconfig), "node_name": NODE,
+                 "cnpg": {"enabled": False},
+                 "watch": {"backoff_initial": 0.05, "backoff_cap": 0.5, "very_short_watch": 0.0}},
+        "usage": {"spool_path": str(tmp_path / "spool" / "usage.sqlite3"), "endpoint_url": plane.url,
+                  "token": plane.token, "token_file": None, "checkpoint_interval": CHECKPOINT,
+                  "report_interval": 0.2, "batch_size": 4, "request_timeout": 60, "backoff_initial": 0.1,
+                  "backoff_cap": 0.5},
+    }))
+    return config
 
 
 class AgentProcess:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env = env
+    """``region-agent run`` as a child process; its JSON log lines go to one file across restarts."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config = config
         self.log = log
         self.proc: asyncio.subprocess.Process | None = None
+        self.starts = 0
+
+    def _reconciled(self) -> int:
+        if not self.log.exists():
+            return 0
+        return sum(1 for line in self.log.read_text(errors="replace").splitlines() if "usage reconciled" in line)
 
     async def start(self) -> None:
-        stderr = self.log.open("ab")  # a local file, opened once per start
+        self.starts += 1
+        out = self.log.open("ab")  # a local file, opened once per start
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tests.agent.usage.agent_process", cwd=ROOT, env=self.env,
-                stdout=asyncio.subprocess.PIPE, stderr=stderr)
+                str(COMMAND), "run", "--config", str(self.config), cwd=ROOT, stdout=out, stderr=out,
+                env={**os.environ, "PYTHONPATH": str(ROOT)})
         finally:
-            stderr.close()  # the child holds its own descriptor
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout=20)
-        assert line.strip() == b"reconciled", f"agent did not start: {line!r}; see {self.log}"
+            out.close()  # the child holds its own descriptor
+        proc = self.proc
+        await wait_for(lambda: self._reconciled() >= self.starts or proc.returncode is not None, timeout=30,
+                       interval=0.05, message=f"usage reconciled in the agent (log {self.log})")
+        assert proc.returncode is None, f"region-agent run exited {proc.returncode}; see {self.log}"
 
     async def kill(self) -> None:
         assert self.proc is not None
@@ -62,7 +103,7 @@ class AgentProcess:
     async def terminate(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(self.proc.wait(), timeout=20)
+            assert await asyncio.wait_for(self.proc.wait(), timeout=30) == 0
 
 
 class Spool:
@@ -99,7 +140,7 @@ async def early_in_a_second() -> None:
 async def servers() -> AsyncIterator[tuple[FakeKubeApi, FakeControlPlane]]:
     fake = FakeKubeApi()
     await fake.start()
-    plane = FakeControlPlane()
+    plane = FakeControlPlane(stall_for=STALL)
     await plane.start()
     yield fake, plane
     plane.release()
@@ -107,24 +148,27 @@ async def servers() -> AsyncIterator[tuple[FakeKubeApi, FakeControlPlane]]:
     await fake.close()
 
 
-async def test_sigkill_mid_batch_with_open_sessions(tmp_path: Path,
-                                                    servers: tuple[FakeKubeApi, FakeControlPlane]) -> None:
+async def test_sigkill_mid_post_with_open_sessions(tmp_path: Path,
+                                                   servers: tuple[FakeKubeApi, FakeControlPlane]) -> None:
     fake, plane = servers
-    spool_path = tmp_path / "spool" / "usage.sqlite3"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "REGION_AGENT_REGION": "sfo1", "REGION_AGENT_NODE": NODE,
-           "REGION_AGENT_KUBE_URL": fake.url, "REGION_AGENT_USAGE__SPOOL_PATH": str(spool_path),
-           "REGION_AGENT_USAGE__ENDPOINT_URL": plane.url, "REGION_AGENT_USAGE__TOKEN": plane.token,
-           "REGION_AGENT_USAGE__TOKEN_FILE": "", "REGION_AGENT_USAGE__CHECKPOINT_INTERVAL": str(CHECKPOINT),
-           "REGION_AGENT_USAGE__REPORT_INTERVAL": "0.2", "REGION_AGENT_USAGE__BATCH_SIZE": "4",
-           "REGION_AGENT_USAGE__REQUEST_TIMEOUT": "60", "REGION_AGENT_USAGE__BACKOFF_INITIAL": "0.1",
-           "REGION_AGENT_USAGE__BACKOFF_CAP": "0.5"}
-    agent = AgentProcess(env, tmp_path / "agent.log")
-    spool = Spool(spool_path)
+    agent = AgentProcess(write_config(tmp_path, fake.url, plane), tmp_path / "agent.log")
+    spool = Spool(tmp_path / "spool" / "usage.sqlite3")
     expected: dict[str, int] = {}  # pod uid -> seconds it must be billed
     late_ok: set[str] = set()  # pods whose end may be billed up to 1 s late (event after a checkpoint)
 
     def put(obj: dict[str, Any]) -> None:
         fake.put(PODS, obj)
+
+    async def kill_mid_post(fault: str) -> float:
+        """Kill the agent while a POST is in flight (held by the control plane per ``fault``)."""
+        plane.mode = fault
+        await wait_for(lambda: plane.in_flight >= 1, timeout=10, message="a batch in flight")
+        await agent.kill()
+        killed = time.time()
+        plane.release()
+        await wait_for(lambda: plane.in_flight == 0, timeout=STALL + 5, message="the held POST finished")
+        plane.mode = "ok"
+        return killed
 
     t0 = now()
     for name in ("a", "b", "c", "d", "f"):
@@ -158,13 +202,8 @@ async def test_sigkill_mid_batch_with_open_sessions(tmp_path: Path,
         await wait_for(lambda: len(plane.records) >= 8, timeout=10, message="some records delivered")
         await wait_for(lambda: now() >= c_end + 1, timeout=3)
 
-        # Kill it while a POST is in flight (the control plane holds it) and sessions a, b, d are open.
-        plane.mode = "hang"
-        await wait_for(lambda: plane.in_flight >= 1, timeout=10, message="a batch in flight")
-        await agent.kill()
-        killed_at = time.time()
-        plane.release()
-        plane.mode = "ok"
+        # Kill 1: the control plane holds the POST and stores nothing; sessions a, b, d are open.
+        killed_at = await kill_mid_post("hang")
         d_seen = spool.ledgers()["d"]["seen_at"]  # d's last persisted checkpoint: where its bill must end
         assert killed_at - CHECKPOINT - 1 <= d_seen <= killed_at
 
@@ -184,10 +223,25 @@ async def test_sigkill_mid_batch_with_open_sessions(tmp_path: Path,
         f_back = now()
         put(pod("f", uid="f", node=NODE, statuses=[running(f_back, restarts=1, last_finished=f_crash),
                                                    running(t0)]))
-        await wait_for(lambda: now() >= f_back + 2, timeout=4)
+
+        # Kills 2-4: the control plane stores the batch after the agent died; the restarted agent sends
+        # it again. Meanwhile pods end with their objects kept and new ones start: all billed exactly.
+        g_starts: list[int] = []
+        for i in range(3):
+            killed = await kill_mid_post("stall")
+            await wait_for(lambda: now() >= int(killed) + 1, timeout=3)  # noqa: B023  # awaited right here
+            if i > 0:  # the previous g pod ends while no agent runs; its object stays
+                g_end = now()
+                put(down(g_end, name=f"g-{i - 1}", uid=f"g-{i - 1}", node=NODE))
+                expected[f"g-{i - 1}"] = g_end - g_starts[i - 1]
+            g_starts.append(now())
+            put(up(g_starts[-1], name=f"g-{i}", uid=f"g-{i}", node=NODE))
+            await agent.start()
+            await wait_for(lambda: now() >= g_starts[-1] + 2, timeout=4)
+
         await early_in_a_second()
         end = now()
-        for name in ("a", "e"):
+        for name in ("a", "e", "g-2"):
             put(down(end, name=name, uid=name, node=NODE))
         put(pod("f", uid="f", node=NODE, phase="Succeeded", statuses=[
             {"state": {"terminated": {"finishedAt": _ts(end)}}, "restartCount": 1},
@@ -195,9 +249,9 @@ async def test_sigkill_mid_batch_with_open_sessions(tmp_path: Path,
 
         expected.update({
             "a": end - t0, "b": b_end - t0, "c": c_end - t0, "d": d_seen - t0, "e": end - e_start,
-            "f": (f_crash - t0) + (end - f_back),
+            "f": (f_crash - t0) + (end - f_back), "g-2": end - g_starts[2],
         })
-        late_ok.update({"a", "e", "f"})
+        late_ok.update({"a", "e", "f", "g-2"})
 
         def settled() -> bool:
             billed = plane.seconds_by_pod()
@@ -223,7 +277,10 @@ async def test_sigkill_mid_batch_with_open_sessions(tmp_path: Path,
     assert "elsewhere" not in billed
     # The designed loss, and only it: d ran until it was deleted, the bill ends at its last checkpoint.
     assert d_gone - d_seen <= CHECKPOINT + 1 + (d_gone - killed_at)
-    assert plane.duplicates >= 0 and plane.faults_served.get("hang") == 1
+    assert plane.faults_served.get("hang") == 1 and plane.faults_served.get("stall") == 3
+    # Each stalled batch was stored after its agent died and sent again by the next one.
+    assert plane.duplicates >= 3, plane.duplicates
+    assert agent.starts == 5
 
 
 def _ts(seconds: int) -> str:
