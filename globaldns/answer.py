@@ -15,7 +15,7 @@ import ipaddress
 import time
 from dataclasses import dataclass
 
-from globaldns.memo import Entry, ResponseMemo, memo_key
+from globaldns.memo import Entry, ResponseMemo, memo_key, memoisable
 from globaldns.metrics import DnsCounters
 from globaldns.rrl import DROP, ERROR, PASS, RESPONSE, SLIP, RateLimiter
 from globaldns.rrl import NXDOMAIN as RRL_NXDOMAIN
@@ -144,21 +144,15 @@ class Responder:
         self._queries = 0
 
     def respond(self, data: bytes, source: str | None, *, tcp: bool) -> bytes | None:
-        self._queries += 1
-        if self._queries & self._sample_mask:
-            return self._respond(data, source, tcp)
-        started = time.perf_counter()
-        out = self._respond(data, source, tcp)
-        self.counters.observe(time.perf_counter() - started)
-        return out
-
-    def _respond(self, data: bytes, source: str | None, tcp: bool) -> bytes | None:
+        self._queries = queries = self._queries + 1
+        started = 0.0 if queries & self._sample_mask else time.perf_counter()
         tables = self.holder.tables
         if tables is None:
             return self._unready(data, tcp=tcp)
-        memo = tables.response_memo
-        if memo is not None:
-            key = memo_key(data, tcp)
+        memo = tables.tcp_response_memo if tcp else tables.response_memo
+        end = data.find(0, 12)
+        if memo is not None and end > 0:
+            key = data[2:end].lower() + data[end:]  # memo_key and the splice below, inlined: the hot path
             entry = memo.main.get(key) or memo.promote(key)
             if entry is not None:
                 entry.hot = True
@@ -167,9 +161,20 @@ class Responder:
                     self.counters.rrl_actions[action] += 1
                     if action != PASS:
                         return self._limited(action, data, source, tables)
-                self.counters.memo_hits += 1
-                self.counters.answers[(entry.qtype, entry.rcode)] += 1
-                return entry.response(data)
+                counters = self.counters
+                counters.memo_hits += 1
+                counters.answers[entry.counted] += 1
+                response = b"".join((data[:2], entry.head, data[12:entry.qend], entry.tail))
+                if started:
+                    counters.observe(time.perf_counter() - started)
+                return response
+        out = self._respond(data, source, tcp, tables)
+        if started:
+            self.counters.observe(time.perf_counter() - started)
+        return out
+
+    def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables) -> bytes | None:
+        """Everything but a memo hit: parse, answer, rate-limit, render, maybe memoise."""
         try:
             query = parse_query(data)
         except MessageError as error:
@@ -204,10 +209,15 @@ class Responder:
         max_size = max_response_size(query, tcp=tcp, our_payload=self.limits.our_payload)
         out = render(query, reply, max_size=max_size, our_payload=self.limits.our_payload)
         capacity = self.limits.memo_entries
-        if capacity and rcode in MEMOISED_RCODES and not reply.client_dependent:
+        if capacity and rcode in MEMOISED_RCODES and not reply.client_dependent and memoisable(data):
+            memo = tables.tcp_response_memo if tcp else tables.response_memo
             if memo is None:
-                memo = tables.response_memo = ResponseMemo(capacity)
-            memo.put(memo_key(data, tcp), Entry(out, len(query.question), query.qtype, rcode, query.qname_lower))
+                memo = ResponseMemo(capacity)
+                if tcp:
+                    tables.tcp_response_memo = memo
+                else:
+                    tables.response_memo = memo
+            memo.put(memo_key(data), Entry(out, len(query.question), query.qtype, rcode, query.qname_lower))
         self.counters.answers[(query.qtype, rcode)] += 1
         return out
 

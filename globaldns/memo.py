@@ -1,22 +1,27 @@
 """The memo of rendered responses of one table generation: case-blind, evicted entry by entry.
 
-**Key.** :func:`memo_key` is the query after its ID with the question *name* lower-cased, plus
-the transport. Everything else in the message — flags, counts, qtype, qclass, the whole OPT
-record (version, DO, payload size, ECS family/prefix/address, any other option) — is part of
-the key byte for byte, so two queries share an entry only if they differ in the ID and the
-case of the name's letters, which changes nothing in the answer but the echoed question.
-That is finer than necessary (two resolvers advertising 1232 and 4096 keep two entries) and
-costs one ``find``, one ``lower`` and two concatenations, no parse.
+**Key.** :func:`memo_key` is the query after its ID, lower-cased up to the first zero octet
+after the header (the end of the question name), the rest as is. So everything else —
+qtype, qclass, the whole OPT record (version, DO, payload size, ECS family/prefix/address,
+any other option) — is part of the key byte for byte, and two queries share an entry only
+if they differ in the ID, the case of the name's letters and the AD bit, none of which
+changes the response but for the echoed question. That is finer than necessary (two
+resolvers advertising 1232 and 4096 keep two entries) and costs a ``find``, a ``lower`` and
+a concatenation, no parse. Each transport has its own memo (``ZoneTables.response_memo``,
+``tcp_response_memo``).
 
-Why folding is exact: the name's first zero octet is found with ``find``; bytes up to it are
-label lengths (≤ 63, which ``lower`` leaves alone) and label octets, whose ASCII case is all
-``lower`` changes; DNS compares names case-blind (RFC 4343) and the answer path looks names
-up lower-cased. A label holding a zero octet only ends the folded part early, which makes the
-key more specific, never less.
+Why folding is exact for the queries :func:`memoisable` admits (one question, no answer or
+authority records, at most one additional record, opcode QUERY): in the header, ``lower``
+leaves byte 2 (below 0x08) and the counts (0 or 1) alone and can only set AD (0x20) in
+byte 3, which the response does not copy. In the name, label lengths (≤ 63) are left alone
+and only the ASCII case of label octets changes; DNS compares names case-blind (RFC 4343)
+and the answer path looks names up lower-cased. A label holding a zero octet only ends the
+folded part early, which makes the key more specific, never less.
 
 **Value.** An :class:`Entry` holds the response without ID and question: the ten header bytes
 after the ID and the bytes after the question. A hit splices the query's own ID and question
-(its case, for 0x20 resolvers) in between, so the response is byte-identical to rendering.
+(its case, for 0x20 resolvers) in between — ``query[:2] + head + query[12:qend] + tail`` — so
+the response is byte-identical to rendering.
 
 **Eviction.** Two pools. A new entry waits in ``probation`` (FIFO, a quarter of the size); a
 second query for it before it falls out promotes it to ``main``, where a hit only sets a bit.
@@ -28,31 +33,35 @@ memoised at all (see ``Responder``).
 
 from __future__ import annotations
 
-TCP_SUFFIX, UDP_SUFFIX = b"T", b"U"
-
 
 class Entry:
-    __slots__ = ("head", "hot", "name", "qlen", "qtype", "rcode", "tail")
+    __slots__ = ("counted", "head", "hot", "name", "qend", "qtype", "tail")
 
     def __init__(self, response: bytes, qlen: int, qtype: int, rcode: int, name: bytes) -> None:
         self.head = response[2:12]  # flags and counts
-        self.tail = response[12 + qlen:]  # everything after the question
-        self.qlen = qlen  # question length: name, type, class
+        self.qend = 12 + qlen  # where the question (name, type, class) ends
+        self.tail = response[self.qend:]  # everything after the question
         self.qtype = qtype
-        self.rcode = rcode
+        self.counted = (qtype, rcode)  # the DnsCounters.answers key
         self.name = name  # lower-cased qname, for rate limiting
         self.hot = False
 
-    def response(self, query: bytes) -> bytes:
-        return query[:2] + self.head + query[12:12 + self.qlen] + self.tail
 
+def memo_key(data: bytes) -> bytes:
+    """The query after its ID, lower-cased up to the end of the name (``Responder`` inlines it).
 
-def memo_key(data: bytes, tcp: bool) -> bytes:
-    """The query after its ID, question name case-folded, and the transport."""
+    Only for a query that parsed, so its name ends with a zero octet.
+    """
     end = data.find(0, 12)
-    if end < 0:
-        end = len(data)
-    return data[2:12] + data[12:end].lower() + data[end:] + (TCP_SUFFIX if tcp else UDP_SUFFIX)
+    return data[2:end].lower() + data[end:]
+
+
+def memoisable(data: bytes) -> bool:
+    """Whether a query that parsed may be memoised: at most one additional record (its OPT).
+
+    With more, ``lower`` could fold two different additional counts into one key.
+    """
+    return data[10] == 0 and data[11] <= 1
 
 
 class ResponseMemo:

@@ -94,8 +94,9 @@ class ZoneTables:
     infrastructure: tuple[dict[str, object], ...] = ()  # apex and name servers, for `region-agent zone`
     projects: Mapping[str, CompiledProject] = field(default_factory=dict)
     basis: object = None  # what every compiled project depends on besides its own records
-    # rendered responses of this generation (globaldns.memo), made by the Responder on first use
+    # rendered responses of this generation (globaldns.memo), UDP and TCP, made by the Responder on first use
     response_memo: ResponseMemo | None = None
+    tcp_response_memo: ResponseMemo | None = None
 
     @property
     def description(self) -> list[dict[str, object]]:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from globaldns.answer import Responder, ResponderLimits
-from globaldns.memo import Entry, ResponseMemo, memo_key
+from globaldns.memo import Entry, ResponseMemo, memo_key, memoisable
 from globaldns.metrics import DnsCounters
 from globaldns.tables import ZoneHolder, ZoneTables
 from globaldns.wire import parse_query
@@ -95,8 +95,10 @@ def test_different_edns_ecs_flags_type_and_transport_never_share_an_entry() -> N
         for wire in wires:
             for tcp in (False, True):
                 assert responder.respond(wire, "192.0.2.1", tcp=tcp) == plain.respond(wire, "192.0.2.1", tcp=tcp)
-    memo = holder.tables.response_memo if holder.tables else None
-    assert memo is not None and len(memo.main) == 2 * len(VARIANTS)
+    assert holder.tables is not None
+    udp_memo, tcp_memo = holder.tables.response_memo, holder.tables.tcp_response_memo
+    assert udp_memo is not None and tcp_memo is not None
+    assert len(udp_memo.main) == len(tcp_memo.main) == len(VARIANTS)
     assert responder.counters.memo_hits == 2 * 2 * len(VARIANTS)  # rounds two and three, both transports
 
 
@@ -107,7 +109,7 @@ def test_nxdomain_refused_badvers_and_client_dependent_answers_are_not_memoised(
         for _ in range(3):
             responder.respond(wire, "192.0.2.1", tcp=False)
     assert holder.tables is not None and holder.tables.response_memo is None
-    assert responder.counters.memo_hits == 0
+    assert holder.tables.tcp_response_memo is None and responder.counters.memo_hits == 0
 
 
 def test_a_flood_of_one_off_names_does_not_evict_a_hot_entry() -> None:
@@ -161,12 +163,20 @@ def test_probation_is_fifo_and_bounded() -> None:
 
 def test_memo_key_folds_only_the_name() -> None:
     upper, lower = _query(f"SHOP.{ZONE.upper()}"), _query(f"shop.{ZONE}")
-    assert memo_key(upper, False) == memo_key(lower, False) != memo_key(lower, True)
-    # the same name, but AD set instead of RD: a header bit in the key
-    assert memo_key(_query(f"shop.{ZONE}", flags=dns.flags.AD), False) != memo_key(lower, False)
+    assert memo_key(upper) == memo_key(lower)
+    assert memo_key(_query(f"shop.{ZONE}", flags=dns.flags.AD)) != memo_key(lower)  # header bits are kept
+    assert memo_key(_query(f"shop.{ZONE}", "TYPE65")) != memo_key(_query(f"shop.{ZONE}", "TYPE97"))  # 'A' vs 'a'
+    ecs_a, ecs_a_lower = _query(f"shop.{ZONE}", ecs=("65.0.0.0", 8)), _query(f"shop.{ZONE}", ecs=("97.0.0.0", 8))
+    assert memo_key(ecs_a) != memo_key(ecs_a_lower)
     # a label holding a zero octet: the fold stops there, the rest is compared as is
     odd = b"\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x02A\x00\x01B\x00\x00\x01\x00\x01"
-    assert memo_key(odd, False) != memo_key(odd.replace(b"\x01B", b"\x01b"), False)
+    assert memo_key(odd) != memo_key(odd.replace(b"\x01B", b"\x01b"))
+
+
+def test_only_queries_with_at_most_one_additional_record_are_memoised() -> None:
+    wire = _query(f"shop.{ZONE}")
+    assert memoisable(wire) and memoisable(_query(f"shop.{ZONE}", edns=-1))
+    assert not memoisable(wire[:10] + struct.pack("!H", 0x41) + wire[12:])
 
 
 def test_malformed_neighbours_of_a_memoised_query_are_not_served_from_the_memo() -> None:
