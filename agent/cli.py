@@ -1,6 +1,6 @@
 """``region-agent``: run the agent, its health sidecar, the demo, or inspect a running agent.
 
-Exit codes: 0 done, 1 runtime failure, 2 bad settings or arguments.
+Exit codes: 0 done, 1 runtime failure, 2 bad settings or arguments (a DNS port in use included).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from agent.base.logs import setup_logging
 from agent.settings import AgentSettings, SettingsError, load_settings
 from agent.zonefile import ZoneFileError
+from globaldns.server import BindError
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "agent.yaml"
 
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (SettingsError, ZoneFileError) as exc:
+    except (SettingsError, ZoneFileError, BindError) as exc:  # BindError: a DNS port in use, an address not ours
         print(f"region-agent: {exc}", file=sys.stderr)
         return 2
 

@@ -32,7 +32,11 @@ class DnsCounters:
         self.memo_hits = 0
         self.rrl_actions = [0, 0, 0]  # indexed by globaldns.rrl PASS, DROP, SLIP
         self.tcp_connections = 0
-        self.tcp_refused = 0
+        self.tcp_open = 0
+        # By reason; the reasons are the ones globaldns.server documents.
+        self.tcp_refused: Counter[str] = Counter()
+        self.tcp_closed: Counter[str] = Counter()
+        self.tcp_read_pauses: Counter[str] = Counter()
         self.zone_serial = 0
         self.zone_reloads = 0
         self.zone_errors = 0
@@ -95,8 +99,20 @@ class DnsCollector(Collector):
         yield rrl
         yield CounterMetricFamily("region_agent_dns_tcp_connections", "TCP connections accepted",
                                   c.tcp_connections)
-        yield CounterMetricFamily("region_agent_dns_tcp_refused",
-                                  "TCP connections closed at once because the limit was reached", c.tcp_refused)
+        yield GaugeMetricFamily("region_agent_dns_tcp_open", "TCP connections open now", c.tcp_open)
+        for name, help_text, counts in (
+            ("region_agent_dns_tcp_refused", "TCP connections closed at accept, by reason (source_limit: its "
+             "source already holds dns.tcp_max_connections_per_source)", c.tcp_refused),
+            ("region_agent_dns_tcp_closed", "TCP connections ended, by reason (client, idle, message_timeout, "
+             "bad_message, evicted: the longest idle when all slots were taken, shutdown)", c.tcp_closed),
+            ("region_agent_dns_tcp_read_pauses", "Times a TCP connection stopped being read, by reason "
+             "(write_buffer: its unsent answers passed dns.tcp_write_buffer; in_flight: more pipelined "
+             "queries than dns.tcp_max_in_flight, answered on the next loop turn)", c.tcp_read_pauses),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["reason"])
+            for reason, count in sorted(counts.items()):
+                family.add_metric([reason], count)
+            yield family
 
 
 def register(counters: DnsCounters, registry: CollectorRegistry) -> None:

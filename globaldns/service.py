@@ -67,7 +67,10 @@ class ZoneService:
             rate_limiter(settings.rrl))
         self.server = DnsServer(
             self.responder, [(a, settings.port) for a in settings.listen_addresses],
-            TcpLimits(settings.tcp_idle_timeout, settings.tcp_max_connections),
+            TcpLimits(idle_timeout=settings.tcp_idle_timeout, message_timeout=settings.tcp_message_timeout,
+                      max_connections=settings.tcp_max_connections,
+                      max_per_source=settings.tcp_max_connections_per_source,
+                      write_buffer=settings.tcp_write_buffer, max_in_flight=settings.tcp_max_in_flight),
         )
         self.health_known = False
         self.locator: Locator | None = None

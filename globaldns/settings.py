@@ -90,10 +90,34 @@ class DnsSettings(BaseModel):
     )
     tcp_idle_timeout: float = Field(
         default=10.0, gt=0,
-        description="Close a TCP connection after this many idle seconds (RFC 7766 §6.2.3: a few seconds).",
+        description="Close a TCP connection this many seconds after its last complete query (or its accept); "
+        "bytes of an unfinished query do not count, so a trickle can not keep it open (RFC 7766 §6.2.3).",
+    )
+    tcp_message_timeout: float = Field(
+        default=3.0, gt=0,
+        description="Close a TCP connection when a query whose first byte has arrived is not complete this "
+        "many seconds later (slow senders holding a slot).",
     )
     tcp_max_connections: int = Field(
-        default=512, ge=1, description="TCP connections served at once; more are closed at accept."
+        default=512, ge=1,
+        description="TCP connections served at once. When all are taken, the longest-idle one is closed to "
+        "make room for the newcomer (as Knot and NSD do).",
+    )
+    tcp_max_connections_per_source: int = Field(
+        default=16, ge=1,
+        description="TCP connections one source (an IPv4 address, an IPv6 /64) may hold at once; more from "
+        "it are closed at accept, so one client can neither fill the slots nor push others out.",
+    )
+    tcp_write_buffer: int = Field(
+        default=16384, ge=1024, le=1 << 24,
+        description="Bytes of answers one TCP connection may have waiting for the client to read before the "
+        "agent stops reading (and answering) it; it resumes when a quarter is left. Bounds what a client "
+        "that sends queries but never reads can cost.",
+    )
+    tcp_max_in_flight: int = Field(
+        default=32, ge=1, le=65535,
+        description="Pipelined queries from one TCP connection answered in one go; the rest wait, unread, for "
+        "the next turn of the event loop so that UDP and other connections are served in between.",
     )
     response_memo_entries: int = Field(
         default=20000, ge=0,

@@ -7,7 +7,9 @@ bytes. Owner names in those records are compression pointers into the question, 
 is copied verbatim, so answers echo the query's case (0x20, cert-manager) for free.
 
 Bad input never raises out of this module except as :class:`MessageError`, which carries
-what is needed to answer it (or ``rcode=None``: drop, e.g. a header too short to echo).
+what is needed to answer it (or ``rcode=None``: drop, e.g. a header too short to echo),
+including the query's OPT record when that one could be read: every response to a query
+with an OPT carries one, error responses included (RFC 6891 §6.1.1).
 dnspython stays the reference in the tests, which cross-check both parsers.
 """
 
@@ -47,13 +49,14 @@ class MessageError(Exception):
     """A message we answer with an error rcode (or drop, when ``rcode`` is None)."""
 
     def __init__(self, reason: str, rcode: int | None, query_id: int = 0, flags: int = 0,
-                 question: bytes = b"") -> None:
+                 question: bytes = b"", edns: Edns | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.rcode = rcode
         self.query_id = query_id
         self.flags = flags
         self.question = question
+        self.edns = edns  # the query's OPT, when it was readable: echoed in the error response
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,45 @@ def _skip_name(data: bytes, offset: int) -> int:
 
 def parse_query(data: bytes) -> Query:
     """Parse a query, or raise :class:`MessageError` saying how to answer it."""
+    try:
+        return _parse_query(data)
+    except MessageError as error:
+        if error.rcode is not None and error.edns is None:
+            error.edns = find_opt(data)  # only on the error path: a second, lenient walk
+        raise
+
+
+def find_opt(data: bytes) -> Edns | None:
+    """The message's OPT record if exactly one can be read, whatever else is wrong with it.
+
+    Walks every section leniently (compressed names, any counts); None when the walk or the
+    OPT itself fails, or when there is more than one OPT (RFC 6891 §6.1.1: then FORMERR
+    without one).
+    """
+    try:
+        qdcount, ancount, nscount, arcount = struct.unpack_from("!HHHH", data, 4)
+        offset = 12
+        for _ in range(qdcount):
+            offset = _skip_name(data, offset) + 4
+        found: Edns | None = None
+        for index in range(ancount + nscount + arcount):
+            owner = offset
+            offset = _skip_name(data, offset)
+            rtype, rclass, ttl, rdlen = _RR_FIXED.unpack_from(data, offset)
+            offset += 10
+            if offset + rdlen > len(data):
+                return None
+            if rtype == OPT and index >= ancount + nscount:
+                if found is not None or data[owner] != 0:
+                    return None
+                found = _parse_opt(data, offset, offset + rdlen, rclass, ttl)
+            offset += rdlen
+        return found
+    except (ValueError, struct.error, IndexError):
+        return None
+
+
+def _parse_query(data: bytes) -> Query:
     if len(data) < 12:
         raise MessageError("short header", None)
     qid, flags, qdcount, ancount, nscount, arcount = _HEADER.unpack_from(data)
@@ -192,12 +234,14 @@ def parse_query(data: bytes) -> Query:
     opcode = (flags & OPCODE_MASK) >> 11
     if opcode != OPCODE_QUERY:
         raise MessageError(f"opcode {opcode} not implemented", NOTIMP, qid, flags, question)
-    if ancount or nscount:
+    # An IXFR query carries the client's SOA in its authority section (RFC 1995 §3): read past
+    # it, so that IXFR gets the same REFUSED as AXFR rather than FORMERR.
+    if ancount or (nscount and qtype != IXFR):
         raise MessageError("records in the answer or authority section of a query", FORMERR, qid, flags, question)
     edns: Edns | None = None
     offset = qend + 4
     try:
-        for _ in range(arcount):
+        for index in range(nscount + arcount):
             owner = offset
             offset = _skip_name(data, offset)
             rtype, rclass, ttl, rdlen = _RR_FIXED.unpack_from(data, offset)
@@ -205,7 +249,9 @@ def parse_query(data: bytes) -> Query:
             rdata_end = offset + rdlen
             if rdata_end > len(data):
                 raise ValueError("record data runs past the message")
-            if rtype == OPT:
+            if index < nscount:
+                pass  # the IXFR's SOA: not looked at
+            elif rtype == OPT:
                 if edns is not None:
                     raise ValueError("more than one OPT record")
                 if data[owner] != 0:
@@ -281,7 +327,12 @@ def error_response(error: MessageError, *, our_payload: int) -> bytes | None:
         return None
     flags = response_flags(error.flags, rcode=error.rcode, aa=False)
     qdcount = 1 if error.question else 0
-    return _HEADER.pack(error.query_id, flags, qdcount, 0, 0, 0) + error.question
+    opt = b""
+    if error.edns is not None:
+        subnet = error.edns.client_subnet
+        opt = opt_record(our_payload, extended_rcode=error.rcode, do=error.edns.do,
+                         options=b"" if subnet is None else subnet.option(0))
+    return _HEADER.pack(error.query_id, flags, qdcount, 0, 0, 1 if opt else 0) + error.question + opt
 
 
 def header(query_id: int, flags: int, qd: int, an: int, ns: int, ar: int) -> bytes:

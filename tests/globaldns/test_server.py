@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -12,13 +13,14 @@ import dns.edns
 import dns.flags
 import dns.message
 import dns.rcode
+import dns.rrset
 import pytest
 
 from agent.state.model import CopyHealth, Mode, Project, Region
 from globaldns.answer import Responder
 from globaldns.compiler import ZoneConfig, compile_zone
 from globaldns.metrics import DnsCounters
-from globaldns.server import DnsServer, TcpLimits
+from globaldns.server import BindError, DnsServer, TcpLimits
 from globaldns.tables import ZoneHolder
 from tests.conftest import wait_for
 from tests.globaldns.zones import ALL, ZONE, ha, store_with, up
@@ -149,13 +151,13 @@ async def test_idle_tcp_connections_are_closed(server: DnsServer) -> None:
     await wait_for(lambda: not server.connections, timeout=2, message="connection forgotten")
 
 
-async def test_connections_beyond_the_limit_are_closed_at_once(server: DnsServer) -> None:
+async def test_a_connection_beyond_the_limit_is_served_and_the_longest_idle_closed(server: DnsServer) -> None:
     held = [await asyncio.open_connection("127.0.0.1", _port(server)) for _ in range(3)]
     await wait_for(lambda: len(server.connections) == 3, timeout=2, message="three connections")
-    reader, writer = await asyncio.open_connection("127.0.0.1", _port(server))
-    assert await asyncio.wait_for(reader.read(), 2) == b""
-    assert server.responder.counters.tcp_refused == 1
-    writer.close()
+    (response,) = await _tcp_exchange(_port(server), [dns.message.make_query(f"shop.{ZONE}", "A").to_wire()])
+    assert response.rcode() == dns.rcode.NOERROR
+    assert await asyncio.wait_for(held[0][0].read(), 2) == b""
+    assert server.responder.counters.tcp_closed["evicted"] == 1
     for _, w in held:
         w.close()
 
@@ -186,8 +188,54 @@ async def test_a_port_taken_for_tcp_fails_start_and_leaves_udp_unbound() -> None
         taken.listen()
         port = taken.getsockname()[1]
         srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("127.0.0.1", port)])  # type: ignore[arg-type]
-        with pytest.raises(OSError):
+        with pytest.raises(BindError) as caught:
             await srv.start()
+        assert str(caught.value).startswith(f"dns.port: can not listen on 127.0.0.1 port {port}/tcp: address already")
         assert srv.bound == []
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.bind(("127.0.0.1", port))  # the UDP half was released
+
+
+async def test_udp_socket_is_not_shared_with_a_squatter(server: DnsServer) -> None:
+    """No SO_REUSEADDR on UDP: another process can not bind the port beside us and take our queries."""
+    (udp,) = server._udp
+    assert udp.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError) as caught:
+            squatter.bind(("127.0.0.1", _port(server)))
+        assert caught.value.errno == errno.EADDRINUSE
+
+
+async def test_start_beside_a_udp_squatter_fails_naming_the_port_setting() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", 0))
+        port = squatter.getsockname()[1]
+        srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("127.0.0.1", port)])  # type: ignore[arg-type]
+        with pytest.raises(BindError) as caught:
+            await srv.start()
+        assert (caught.value.setting, caught.value.errno) == ("dns.port", errno.EADDRINUSE)
+        assert srv.bound == []
+
+
+async def test_an_address_not_on_this_host_fails_naming_the_address_setting() -> None:
+    srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("192.0.2.1", 0)])  # type: ignore[arg-type]
+    with pytest.raises(BindError) as caught:
+        await srv.start()
+    assert str(caught.value) == ("dns.listen_addresses: can not listen on 192.0.2.1 port 0/udp: address not "
+                                 "available on this host")
+
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["udp", "tcp"])
+async def test_zone_transfers_are_refused(server: DnsServer, tcp: bool) -> None:
+    axfr = dns.message.make_query(ZONE, "AXFR", use_edns=0)
+    ixfr = dns.message.make_query(ZONE, "IXFR", use_edns=0)  # with the client's SOA in authority (RFC 1995 §3)
+    ixfr.authority.append(dns.rrset.from_text(f"{ZONE}.", 0, "IN", "SOA", f"ns1.{ZONE}. h.{ZONE}. 1 3600 600 86400 60"))
+    for query in (axfr, ixfr):
+        if tcp:
+            (response,) = await _tcp_exchange(_port(server), [query.to_wire()])
+        else:
+            response = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+        assert response.rcode() == dns.rcode.REFUSED, query.question
+        assert response.edns == 0

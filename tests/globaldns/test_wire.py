@@ -12,6 +12,7 @@ import dns.message
 import dns.opcode
 import dns.rcode
 import dns.rdatatype
+import dns.rrset
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -246,3 +247,66 @@ def test_memo_can_be_turned_off() -> None:
     responder = Responder(holder, DnsCounters(), ResponderLimits(memo_entries=0))
     responder.respond(dns.message.make_query(f"shop.{ZONE}", "A").to_wire(), None, tcp=False)
     assert holder.tables is not None and holder.tables.response_memo is None
+
+
+_ANSWER_RECORD = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 0, 4) + b"\xc0\x00\x02\x01"
+_TSIG_RECORD = b"\x03key\x00" + struct.pack("!HHIH", 250, 255, 0, 0)
+ERRORS_TO_QUERIES_WITH_OPT = [
+    ("FORMERR, no question", _header(qd=0, ar=1) + _opt(), FORMERR),
+    ("FORMERR, answer records", _header(an=1, ar=1) + QUESTION + _ANSWER_RECORD + _opt(), FORMERR),
+    ("FORMERR, trailing junk", _header(ar=1) + QUESTION + _opt() + b"\x00", FORMERR),
+    ("NOTIMP, status opcode", _header(flags=0x1100, ar=1) + QUESTION + _opt(), NOTIMP),
+    ("NOTIMP, notify opcode", _header(flags=0x2100, ar=1) + QUESTION + _opt(ttl=0x8000), NOTIMP),
+    ("NOTAUTH, TSIG", _header(ar=2) + QUESTION + _opt() + _TSIG_RECORD, NOTAUTH),
+]
+
+
+@pytest.mark.parametrize(("case", "wire", "rcode"), ERRORS_TO_QUERIES_WITH_OPT,
+                         ids=[c[0] for c in ERRORS_TO_QUERIES_WITH_OPT])
+def test_error_responses_carry_an_opt_when_the_query_had_one(case: str, wire: bytes, rcode: int) -> None:
+    """RFC 6891 §6.1.1: an OPT in the query means an OPT in the response, errors included."""
+    out = _responder().respond(wire, "127.0.0.1", tcp=False)
+    assert out is not None
+    response = dns.message.from_wire(out)
+    assert response.rcode() == rcode
+    assert (response.edns, response.payload) == (0, 1232)
+    query_do = struct.unpack_from("!I", wire, wire.index(b"\x00\x00\x29") + 5)[0] & 0x8000
+    assert response.ednsflags & 0x8000 == query_do  # DO copied (RFC 3225 §3)
+
+
+def test_an_error_response_echoes_the_client_subnet_with_scope_zero() -> None:
+    wire = _header(flags=0x1100, ar=1) + QUESTION + _opt(_ecs(1, 24, 0, b"\xcb\x00\x71"))
+    response = dns.message.from_wire(_responder().respond(wire, "127.0.0.1", tcp=False) or b"")
+    assert response.rcode() == NOTIMP
+    (ecs,) = response.options
+    assert isinstance(ecs, dns.edns.ECSOption)
+    assert (ecs.address, ecs.srclen, ecs.scopelen) == ("203.0.113.0", 24, 0)
+
+
+@pytest.mark.parametrize("wire", [
+    _header(ar=2) + QUESTION + _opt() + _opt(),
+    _header(ar=1) + QUESTION + _opt(_ecs(3, 8, 0, b"\x01")),
+    _header(ar=1) + QUESTION + b"\x01a\x00" + struct.pack("!HHIH", 41, 1232, 0, 0),
+    _header(an=1, ar=1) + QUESTION + b"\x3f",
+], ids=["two OPTs", "unreadable option", "OPT not at the root", "records that can not be walked"])
+def test_no_opt_in_the_error_when_the_query_opt_could_not_be_read(wire: bytes) -> None:
+    response = dns.message.from_wire(_responder().respond(wire, "127.0.0.1", tcp=False) or b"")
+    assert response.rcode() == FORMERR
+    assert response.edns == -1
+
+
+@pytest.mark.parametrize("rdtype", ["AXFR", "IXFR"])
+def test_zone_transfers_are_refused_with_the_opt(rdtype: str) -> None:
+    query = dns.message.make_query(ZONE, rdtype, use_edns=0)
+    if rdtype == "IXFR":  # carries the client's SOA in authority (RFC 1995 §3)
+        query.authority.append(dns.rrset.from_text(f"{ZONE}.", 0, "IN", "SOA", f"ns1.{ZONE}. h.{ZONE}. 7 1 1 1 1"))
+    for tcp in (False, True):
+        response = dns.message.from_wire(_responder().respond(query.to_wire(), "127.0.0.1", tcp=tcp) or b"")
+        assert response.rcode() == dns.rcode.REFUSED
+        assert response.edns == 0
+
+
+def test_a_refused_query_outside_the_zone_carries_the_opt() -> None:
+    query = dns.message.make_query("example.org", "A", use_edns=0)
+    response = dns.message.from_wire(_responder().respond(query.to_wire(), "127.0.0.1", tcp=False) or b"")
+    assert (response.rcode(), response.edns) == (dns.rcode.REFUSED, 0)
