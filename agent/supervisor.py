@@ -40,6 +40,7 @@ from health.service import HealthService
 
 logger = logging.getLogger("region_agent.supervisor")
 VERSION = "0.1.0"
+PROBLEM_POLL = 1.0  # seconds between looks at the agent's own problems (tasks, checks, usage)
 
 
 class Agent:
@@ -87,7 +88,8 @@ class Agent:
         tables = self.dns.tables
         now = time.time()
         common = {"region": self.settings.region, "started_at": self.started_at, "generated_at": now,
-                  "zone_serial": None if tables is None else tables.serial, "zone_digest": self.store.digest()}
+                  "zone_serial": None if tables is None else tables.serial, "zone_digest": self.store.digest(),
+                  "degraded": self.problems()}
         if self.kube is None:
             ready = self.ready.is_set()
             return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
@@ -148,6 +150,7 @@ class Agent:
             await self._start_kube()
         self._spawn(self.checker.run, "health checks")
         self._spawn(self._publish_views, "view publisher")
+        self._spawn(self._publish_problems, "problem publisher")
         self._spawn(self._become_ready, "readiness")
         self._spawn(self._sweep_tombstones, "tombstone expiry")
         if self.zone_file is not None:
@@ -230,6 +233,25 @@ class Agent:
             await self.dns.changed.wait()
             self.dns.changed.clear()
             self.health.publish(self.region_view())
+
+    def problems(self) -> tuple[str, ...]:
+        """What makes this agent degraded, one line each: operators see the text, the public a code."""
+        found = list(self.tasks.problems())
+        checks = self.checker.problem()
+        if checks is not None:
+            found.append(checks)
+        if self.usage is not None and self.usage.status.state != "ok":
+            status = self.usage.status
+            found.append(f"usage {status.state} ({status.code}): {status.reason}")
+        return tuple(found)
+
+    async def _publish_problems(self) -> None:
+        """Publish a new view whenever the agent's own problems differ from the view's (they have no event)."""
+        while True:
+            await asyncio.sleep(PROBLEM_POLL)
+            published = self.health.holder.get()
+            if published is not None and published.degraded != self.problems():
+                self.health.publish(self.region_view())
 
     async def stop(self) -> None:
         await self.tasks.stop(budget=self.settings.shutdown_budget)

@@ -315,11 +315,20 @@ def liveness(*, region: str, request_id: str) -> Answer:
 
 
 def readiness(view: RegionView | None, freshness: Freshness, *, region: str, request_id: str) -> Answer:
-    """``/readyz``: ready once the caches completed their first full LIST and the feed is fresh."""
+    """``/readyz``: ready once the caches completed their first full LIST and the feed is fresh.
+
+    A degraded agent (a task restarting, usage metering without a spool) stays ready — it
+    still answers DNS and health, and taking it out of the load balancer would only add an
+    outage — but says so in the body and in ``X-Degraded``.
+    """
     if freshness.stale:
         reason = CopyReason.STALE.value
     elif view is None or not view.synced:
         reason = CopyReason.CACHE_NOT_SYNCED.value
+    elif view.degraded:
+        headers = _base_headers(region, request_id, TEXT)
+        headers["X-Degraded"] = "true"
+        return Answer(200, b"ready, degraded: agent-degraded", headers)
     else:
         return Answer(200, b"ready", _base_headers(region, request_id, TEXT))
     return Answer(503, f"not ready: {reason}".encode(), _base_headers(region, request_id, TEXT), reason)
