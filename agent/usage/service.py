@@ -227,7 +227,7 @@ class UsageService:
             try:
                 await self._shutdown_checkpoint()
             finally:
-                self._mark_unavailable("stopped", "usage metering stopped")
+                self._mark_unavailable("spool-not-open", "usage metering stopped")
                 await self.spool.close()
 
     async def _ticker(self) -> None:
@@ -281,7 +281,11 @@ class UsageService:
             except asyncio.CancelledError:
                 raise
             except SpoolCorruptError as exc:
-                just_moved = not just_moved and await self._move_aside(exc)  # a fresh spool at once, once
+                if just_moved:  # the fresh file is corrupt too: something below SQLite is broken; back off
+                    just_moved = False
+                    self._open_failed(exc)
+                else:
+                    just_moved = await self._move_aside(exc)  # then a fresh spool at once
                 continue
             except Exception as exc:
                 just_moved = False
