@@ -9,6 +9,12 @@ import pytest
 from agent.cli import main
 
 
+@pytest.fixture(autouse=True)
+def _restore_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--config`` sets REGION_AGENT_CONFIG in the process; later tests must not read that file."""
+    monkeypatch.delenv("REGION_AGENT_CONFIG", raising=False)
+
+
 def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
