@@ -19,6 +19,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "agent.kube": ("agent.base", "agent.state", "agent.kube"),
     "agent.usage": ("agent.base", "agent.state", "agent.kube", "agent.usage"),
     "agent.checks": ("agent.base", "agent.state", "agent.checks"),
+    "agent.gossip": ("agent.base", "agent.gossip"),  # membership knows nothing of projects or the store
 }
 
 
