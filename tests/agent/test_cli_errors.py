@@ -12,7 +12,7 @@ from agent.cli import main
 @pytest.fixture(autouse=True)
 def _restore_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--config`` sets REGION_AGENT_CONFIG in the process; later tests must not read that file."""
-    monkeypatch.delenv("REGION_AGENT_CONFIG", raising=False)
+    monkeypatch.setenv("REGION_AGENT_CONFIG", "")  # recorded, so the value main() sets is undone
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
