@@ -1,16 +1,19 @@
 """Benchmark of the health listener: throughput with wrk, and p99 at a fixed request rate.
 
-    python bench/health_listener.py                     # everything, ~1 minute
+    python bench/health_listener.py                     # every mode, ~1 minute
     python bench/health_listener.py --modes in-process --duration 5
+    python bench/health_listener.py --smoke             # every mode for a second: does it run?
 
 For each mode the server runs pinned to CPU 0 and the load to CPU 1 (when there are two):
 
 - ``bare``: a bare aiohttp + uvloop handler answering ``ok`` (the ceiling on this machine,
   measured in the same run so the numbers can be compared on a shared, noisy machine);
-- ``in-process``: one process like the agent: the listener fed by a ``ViewHolder`` plus a
-  ``FeedPublisher``, with a 10,000-copy view that changes ``--churn`` times a second;
-- ``sidecar``: ``python -m health.sidecar`` on CPU 0, fed over the Unix socket by an
-  agent-like process (publisher + churn) on CPU 1.
+- ``in-process``: one process like the agent: a ``HealthService`` in in-process mode (the
+  listener answering from its ``ViewHolder``) with a 10,000-copy view that changes ``--churn``
+  times a second;
+- ``sidecar``: ``python -m health.sidecar`` on CPU 0, fed over the Unix socket by an agent-like
+  process on CPU 1 (a ``HealthService`` in sidecar mode: the ``FeedPublisher`` plus the agent's
+  own listener on a free ``agent_port``, churning the same way).
 
 Load: ``wrk -t1 -c50 -d10s --latency`` against ``/global-health/<slug>`` (requests/s and
 wrk's latency percentiles); then an open-loop fixed-rate generator (below: wrk has no rate
@@ -18,31 +21,36 @@ option and wrk2 is not packaged in Debian) at 1,000 requests/s for 10 s over 10 
 connections. It schedules request *i* at ``t0 + i/rate`` whatever happened before
 (no coordinated omission) and reports latency both from the actual send and from the
 scheduled time (the latter also counts the generator's own timer lateness).
-Goals: >= 15,000 requests/s; p99 < 5 ms at 1,000 requests/s.
+Goals: >= 15,000 requests/s; p99 < 5 ms at 1,000 requests/s. Results: ``bench/README.md``;
+every run writes its raw results to the JSON lines file it names at the end (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-SLUG = "p05001"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import REPO, Foreign, Results, add_arguments, run_wrk, wait_http
+from dns_rig import Procs, cpu_seconds, free_port, need_tools
+
+MODES = ("bare", "in-process", "sidecar")
+
+
+def _slug(copies: int) -> str:
+    """The copy every request asks for: in the middle of the view, healthy, never flipped by the churn."""
+    return f"p{copies // 2 + 1:05d}"
+
 REGION = "sfo1"
 
 
@@ -56,7 +64,7 @@ def _view(copies: int) -> object:
     statuses = {}
     for i in range(copies):
         slug = f"p{i:05d}"
-        healthy = i % 10 != 7  # SLUG (p05001) is healthy
+        healthy = i % 10 != 7 or slug == _slug(copies)  # one in ten down, never the one asked for
         statuses[slug] = CopyStatus(
             slug=slug,
             healthy=healthy,
@@ -90,7 +98,7 @@ async def _serve_bare(port: int) -> None:
 
 
 async def _serve_agent(port: int, mode: str, socket_path: Path, copies: int, churn: float) -> None:
-    """Like the agent: a publisher, a view that changes, and (in-process) the listener."""
+    """Like the agent: a ``HealthService`` in the given mode, fed a view that changes ``churn``/s."""
     import dataclasses
 
     from prometheus_client import CollectorRegistry
@@ -99,30 +107,25 @@ async def _serve_agent(port: int, mode: str, socket_path: Path, copies: int, chu
     from health.service import HealthService
     from health.settings import HealthMode, HealthSettings
 
+    # The agent's operator listener on a free port (in sidecar mode the sidecar owns `port`).
     settings = HealthSettings(
         mode=HealthMode(mode),
         listen_addresses=("127.0.0.1",),
         port=port,
         feed_socket=socket_path,
+        operator_port=0,
     )
-    registry = CollectorRegistry()
-    service = HealthService(settings, region=REGION, registry=registry)
+    service = HealthService(settings, region=REGION, registry=CollectorRegistry())
     view = _view(copies)
     assert isinstance(view, RegionView)
     service.publish(view)
-    if service.listener is not None:  # in-process: the agent also serves a (sidecar-less) feed
-        from health.feed import FeedPublisher
-
-        publisher = FeedPublisher(socket_path=socket_path, registry=registry)
-        await publisher.start()
-        publisher.publish(view)
     await service.start()
     generation = 0
     while True:
         await asyncio.sleep(1.0 / churn if churn > 0 else 3600)
         generation += 1
         slug = f"p{generation % copies:05d}"
-        if slug == SLUG:
+        if slug == _slug(copies):
             continue
         old = view.copies[slug]
         flipped = CopyStatus(
@@ -135,8 +138,6 @@ async def _serve_agent(port: int, mode: str, socket_path: Path, copies: int, chu
         )
         view = dataclasses.replace(view, copies={**view.copies, slug: flipped}, generated_at=time.time())
         service.publish(view)
-        if service.listener is not None:
-            publisher.publish(view)
 
 
 def _child(argv: list[str]) -> None:
@@ -216,64 +217,15 @@ async def _fixed_rate(
 # --- the driver ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Result:
-    mode: str
-    wrk_requests_per_second: float = 0.0
-    wrk_latency_ms: dict[str, float] = field(default_factory=dict)
-    wrk_non_2xx: int = 0
-    fixed_rate: dict[str, object] = field(default_factory=dict)
-    server_rss_mb: float = 0.0
-    server_cpu_us_per_request: float = 0.0  # CPU time of the answering process / requests: robust to noise
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pin(pid: int, cpu: int) -> None:
     if len(os.sched_getaffinity(0)) >= 2:
         os.sched_setaffinity(pid, {cpu})
 
 
-@contextmanager
-def _process(args: list[str], cpu: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
-        )
+def _start(procs: Procs, name: str, argv: list[str], cpu: int) -> tuple[subprocess.Popen[bytes], Path]:
+    proc, log = procs.start(name, [sys.executable, *argv], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     _pin(proc.pid, cpu)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
-def _wait_ready(port: int, path: str, proc: subprocess.Popen[bytes], deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)  # a bench, not a test: polling a child process for readiness
-    raise RuntimeError(f"server on port {port} not ready within {deadline_s} s")
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return proc, log
 
 
 def _rss_mb(pid: int) -> float:
@@ -283,126 +235,86 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _wrk(port: int, path: str, duration: int, connections: int) -> tuple[float, dict[str, float], int, str]:
-    command = [
-        "wrk",
-        "-t1",
-        f"-c{connections}",
-        f"-d{duration}s",
-        "--latency",
-        f"http://127.0.0.1:{port}{path}",
-    ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+def _fixed_rate_in_child(port: int, path: str, rate: float, duration: float) -> dict[str, Any]:
+    args = [sys.executable, str(Path(__file__).resolve()), "--child", "rate", str(port), path, str(rate),
+            str(duration)]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     _pin(proc.pid, 1)
-    out, _ = proc.communicate(timeout=duration + 30)
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    latency: dict[str, float] = {}
-    for pct, value, unit in re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M):
-        latency[f"p{pct}"] = round(float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit], 3)
-    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    return rps, latency, int(non_2xx.group(1)) if non_2xx else 0, " ".join(command)
-
-
-def _fixed_rate_in_child(port: int, path: str, rate: float, duration: float) -> dict[str, object]:
-    args = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--child",
-        "rate",
-        str(port),
-        path,
-        str(rate),
-        str(duration),
-    ]
-    proc = subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    _pin(proc.pid, 1)
-    out, _ = proc.communicate(timeout=duration + 60)
+    try:
+        out, _ = proc.communicate(timeout=duration + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fixed-rate generator exited with {proc.returncode}")
     return dict(json.loads(out))
 
 
-def _measure(mode: str, opts: argparse.Namespace, tmp: Path) -> Result:
-    port = _free_port()
-    path = f"/global-health/{SLUG}"
-    socket_path = tmp / f"{mode}.sock"
-    python = sys.executable
-    result = Result(mode)
-    with contextlib.ExitStack() as stack:
-        if mode == "bare":
-            server = stack.enter_context(
-                _process([python, __file__, "--child", "bare", str(port)], 0, tmp / "bare.log")
-            )
-            ready = path
-        elif mode == "in-process":
-            server = stack.enter_context(
-                _process(
-                    [
-                        python,
-                        __file__,
-                        "--child",
-                        "agent",
-                        str(port),
-                        "in-process",
-                        str(socket_path),
-                        str(opts.copies),
-                        str(opts.churn),
-                    ],
-                    0,
-                    tmp / "in-process.log",
-                )
-            )
-            ready = "/readyz"
-        else:
-            stack.enter_context(
-                _process(
-                    [
-                        python,
-                        __file__,
-                        "--child",
-                        "agent",
-                        "0",
-                        "sidecar",
-                        str(socket_path),
-                        str(opts.copies),
-                        str(opts.churn),
-                    ],
-                    1,
-                    tmp / "agent.log",
-                )
-            )
-            server = stack.enter_context(
-                _process(
-                    [
-                        python,
-                        "-m",
-                        "health.sidecar",
-                        "--region",
-                        REGION,
-                        "--feed-socket",
-                        str(socket_path),
-                        "--listen",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--log-level",
-                        "warning",
-                    ],
-                    0,
-                    tmp / "sidecar.log",
-                )
-            )
-            ready = "/readyz"
-        _wait_ready(port, ready, server)
-        cpu_before = _cpu_seconds(server.pid)
-        rps, latency, non_2xx, command = _wrk(port, path, opts.duration, opts.connections)
-        cpu_used = _cpu_seconds(server.pid) - cpu_before
-        result.server_cpu_us_per_request = round(cpu_used / (rps * opts.duration) * 1e6, 1)
-        print(f"[{mode}] {command}", file=sys.stderr)
-        result.wrk_requests_per_second, result.wrk_latency_ms, result.wrk_non_2xx = rps, latency, non_2xx
-        result.fixed_rate = _fixed_rate_in_child(port, path, opts.rate, opts.rate_duration)
-        result.server_rss_mb = _rss_mb(server.pid)
-    return result
+def _start_server(procs: Procs, mode: str, port: int, opts: argparse.Namespace,
+                  tmp: Path) -> tuple[list[tuple[subprocess.Popen[bytes], Path]], str]:
+    """The processes of ``mode`` (the one answering on ``port`` first) and the path that says it is ready."""
+    me = str(Path(__file__).resolve())
+    view = [str(tmp / f"{mode}.sock"), str(opts.copies), str(opts.churn)]
+    if mode == "bare":
+        return [_start(procs, "bare", [me, "--child", "bare", str(port)], 0)], "/"
+    if mode == "in-process":
+        return [_start(procs, "in-process", [me, "--child", "agent", str(port), "in-process", *view], 0)], "/readyz"
+    # sidecar: the feeding agent on the load's core, the sidecar alone on the server's core
+    agent = _start(procs, "sidecar-agent", [me, "--child", "agent", "0", "sidecar", *view], 1)
+    sidecar = _start(procs, "sidecar", ["-m", "health.sidecar", "--region", REGION, "--feed-socket", view[0],
+                                        "--listen", "127.0.0.1", "--port", str(port), "--operator-port", "0",
+                                        "--log-level", "warning"], 0)
+    return [sidecar, agent], "/readyz"
+
+
+def _measure(procs: Procs, mode: str, opts: argparse.Namespace) -> dict[str, Any]:
+    port = free_port(udp=False)
+    path = f"/global-health/{_slug(opts.copies)}"
+    try:
+        watch, ready = _start_server(procs, mode, port, opts, procs.tmp)
+        wait_http(port, ready, watch)
+        server = watch[0][0]
+        cpu_before = cpu_seconds(server.pid)
+        with Foreign([proc.pid for proc, _ in watch]) as foreign:
+            wrk = run_wrk(f"http://127.0.0.1:{port}{path}", duration=opts.duration, connections=opts.connections,
+                          cpu=1)
+        cpu_used = cpu_seconds(server.pid) - cpu_before
+        print(f"[{mode}] {wrk['command']}", file=sys.stderr)
+        fixed_rate = _fixed_rate_in_child(port, path, opts.rate, opts.rate_duration)
+        return {
+            "mode": mode,
+            "copies": opts.copies if mode != "bare" else 0,
+            "churn_per_second": opts.churn if mode != "bare" else 0,
+            "wrk": wrk,
+            "wrk_foreign_busy_percent": foreign.percent,  # other people's load on both cores during wrk
+            "fixed_rate": fixed_rate,
+            "server_rss_mb": _rss_mb(server.pid),
+            # CPU time of the answering process per request: steadier than req/s on a shared machine
+            "server_cpu_us_per_request": round(cpu_used / max(1, wrk["requests"]) * 1e6, 1),
+        }
+    finally:
+        procs.stop_all()  # one mode at a time on the machine
+
+
+def _table(results: list[dict[str, Any]]) -> None:
+    print(
+        f"{'mode':<11} {'req/s':>9} {'p50':>7} {'p90':>7} {'p99':>7} {'non2xx':>6} | "
+        f"{'rate':>6} {'p50':>7} {'p99':>7} {'p99.9':>7} {'p99*':>7} | {'RSS MB':>6} {'cpu us/req':>10} {'bg %':>5}"
+    )
+    for r in results:
+        wrk, fr = r["wrk"], r["fixed_rate"]
+        lat, send, sched = wrk["latency_ms"], fr["from_send_ms"], fr["from_schedule_ms"]
+        print(
+            f"{r['mode']:<11} {wrk['requests_per_second']:>9.0f} {lat.get('p50', 0):>7.2f} "
+            f"{lat.get('p90', 0):>7.2f} {lat.get('p99', 0):>7.2f} {wrk['non_2xx']:>6} | "
+            f"{fr['achieved_rate']:>6} {send['p50']:>7.2f} {send['p99']:>7.2f} "
+            f"{send['p99.9']:>7.2f} {sched['p99']:>7.2f} | {r['server_rss_mb']:>6} "
+            f"{r['server_cpu_us_per_request']:>10} {r['wrk_foreign_busy_percent']:>5.0f}"
+        )
+    print("latencies in ms; p99* = p99 from the scheduled send time (includes the generator's lateness); "
+          "bg % = other processes' load on both cores during wrk")
 
 
 def main() -> int:
@@ -410,39 +322,35 @@ def main() -> int:
         _child(sys.argv[2:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="bare,in-process,sidecar")
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--duration", type=int, default=10, help="wrk seconds")
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--rate-duration", type=float, default=10.0)
     parser.add_argument("--copies", type=int, default=10_000)
     parser.add_argument("--churn", type=float, default=10.0, help="view changes per second")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    add_arguments(parser)
     opts = parser.parse_args()
-    results = []
-    with tempfile.TemporaryDirectory(prefix="health-bench-") as tmp:
-        for mode in opts.modes.split(","):
-            results.append(_measure(mode, opts, Path(tmp)))
-    print(
-        f"{'mode':<11} {'req/s':>9} {'p50':>7} {'p90':>7} {'p99':>7} {'non2xx':>6} | "
-        f"{'rate':>6} {'p50':>7} {'p99':>7} {'p99.9':>7} {'p99*':>7} | {'RSS MB':>6} {'cpu us/req':>10}"
-    )
-    for r in results:
-        fr = r.fixed_rate
-        send = fr.get("from_send_ms", {})
-        sched = fr.get("from_schedule_ms", {})
-        assert isinstance(send, dict) and isinstance(sched, dict)
-        print(
-            f"{r.mode:<11} {r.wrk_requests_per_second:>9.0f} {r.wrk_latency_ms.get('p50', 0):>7.2f} "
-            f"{r.wrk_latency_ms.get('p90', 0):>7.2f} {r.wrk_latency_ms.get('p99', 0):>7.2f} "
-            f"{r.wrk_non_2xx:>6} | "
-            f"{fr.get('achieved_rate', 0):>6} {send.get('p50', 0):>7.2f} {send.get('p99', 0):>7.2f} "
-            f"{send.get('p99.9', 0):>7.2f} {sched.get('p99', 0):>7.2f} | {r.server_rss_mb:>6} "
-            f"{r.server_cpu_us_per_request:>10}"
-        )
-    print("latencies in ms; p99* = p99 from the scheduled send time (includes the generator's lateness)")
-    if opts.json:
-        opts.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    modes = opts.modes.split(",")
+    if not set(modes) <= set(MODES) or not 1 <= opts.duration <= 600 or not 0 < opts.rate_duration <= 600:
+        parser.error(f"--modes from {','.join(MODES)}; --duration and --rate-duration 1..600 s")
+    if opts.smoke:  # every mode and both load generators, for a second each
+        modes = list(MODES)
+        opts.duration, opts.rate, opts.rate_duration, opts.copies, opts.connections = 1, 200.0, 1.0, 200, 10
+    need_tools("wrk")
+    results: list[dict[str, Any]] = []
+    with Results("health_listener", opts.out, smoke=opts.smoke, tools=("wrk",)) as out, \
+            tempfile.TemporaryDirectory(prefix="health-bench-") as tmp, Procs(Path(tmp)) as procs:
+        for mode in modes:
+            result = _measure(procs, mode, opts)
+            out.add(mode, **result)
+            results.append(result)
+        bare = next((r for r in results if r["mode"] == "bare"), None)
+        if bare is not None:
+            ceiling = bare["wrk"]["requests_per_second"]
+            out.add("ratios", of_bare_requests_per_second={
+                r["mode"]: round(r["wrk"]["requests_per_second"] / ceiling, 3) for r in results if ceiling > 0})
+        _table(results)
     return 0
 
 

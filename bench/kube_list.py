@@ -11,8 +11,12 @@ about 4.5 KiB of JSON each with the default padding).
 
 Run from the repository root::
 
-    python -m bench.kube_list                 # 10,000 Services, default page size
-    python -m bench.kube_list --services 20000 --page-size 1000 --padding 10000
+    python bench/kube_list.py                 # 10,000 Services, default page size
+    python bench/kube_list.py --services 20000 --page-size 1000 --padding 10000
+    python bench/kube_list.py --smoke         # 200 small Services: does it run?
+
+Results: ``bench/README.md``; every run writes its raw results to the JSON lines file it names at
+the end (``--out``).
 """
 
 from __future__ import annotations
@@ -23,17 +27,17 @@ import gc
 import multiprocessing
 import multiprocessing.synchronize
 import resource
+import sys
 import time
 from multiprocessing.queues import Queue
+from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, Configuration
-from prometheus_client import CollectorRegistry
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent.kube.models import KnativeService
-from agent.kube.resources import KNATIVE_SERVICES
+from common import Results, add_arguments
+
 from agent.kube.settings import WatchSettings
-from agent.kube.watch import Informer
 
 PROJECT_LABEL = "region-agent.io/project"  # the default copy label (KubeSettings)
 
@@ -48,6 +52,7 @@ def rss_mb() -> float:
 
 def serve(count: int, padding: int, urls: Queue[str], stop: multiprocessing.synchronize.Event) -> None:
     """The fake apiserver process (imported here so the measured process never loads it)."""
+    from agent.kube.resources import KNATIVE_SERVICES
     from tests.fakes.kube_api import FakeKubeApi
     from tests.fakes.kube_objects import knative_service
 
@@ -68,6 +73,14 @@ def serve(count: int, padding: int, urls: Queue[str], stop: multiprocessing.sync
 
 
 async def measure(url: str, count: int, page_size: int) -> dict[str, Any]:
+    # imported here: the spawned fake apiserver imports this module again and needs none of it
+    from kubernetes_asyncio.client import ApiClient, Configuration
+    from prometheus_client import CollectorRegistry
+
+    from agent.kube.models import KnativeService
+    from agent.kube.resources import KNATIVE_SERVICES
+    from agent.kube.watch import Informer
+
     gc.collect()
     before = rss_mb()
     settings = WatchSettings(page_size=page_size)
@@ -105,8 +118,17 @@ def main() -> None:
     parser.add_argument("--services", type=int, default=10_000)
     parser.add_argument("--page-size", type=int, default=WatchSettings().page_size)
     parser.add_argument("--padding", type=int, default=3000, help="extra bytes per Service (managedFields)")
+    add_arguments(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.services, args.page_size, args.padding = 200, 50, 300  # several pages, still under a second
 
+    with Results("kube_list", args.out, smoke=args.smoke) as results:
+        result = run(args)
+        results.add("list", padding_bytes=args.padding, **result)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     urls: Queue[str] = context.Queue()
     stop = context.Event()
@@ -126,6 +148,7 @@ def main() -> None:
         f"RSS before list: {result['rss_before_mb']:.1f} MB; with {result['services']} cached: "
         f"{result['rss_with_cache_mb']:.1f} MB (goal < 100 MB); peak: {result['peak_rss_mb']:.1f} MB"
     )
+    return result
 
 
 if __name__ == "__main__":

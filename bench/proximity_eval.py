@@ -2,6 +2,7 @@
 
     pip download maxminddb-geolite2==2018.703 --no-deps -d /tmp/geo
     python bench/proximity_eval.py --db /tmp/geo/maxminddb-geolite2-2018.703.tar.gz
+    python bench/proximity_eval.py --smoke     # a small synthetic database (no download): does it run?
 
 ``--db`` takes the ``.mmdb`` or the sdist it ships in (the database is unpacked to a temporary
 folder; nothing is installed). The database is not a project dependency.
@@ -35,6 +36,10 @@ whole order) and sample, two tables:
 
 Memory: RSS (anonymous and file-backed) after opening the database, after building a map, after
 its full warm-up, and the peak with a second map after its cold passes.
+
+Results: ``bench/README.md``; every run writes its raw results to the JSON lines file it names at
+the end (``--out``). ``--smoke`` runs every scenario on a database written on the spot by
+``tests/fakes/mmdb_writer.py`` (random networks at random places), with a few dozen clients.
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ from pathlib import Path
 
 import maxminddb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import Results, add_arguments
 
 from globaldns.geoip import GeoDatabase, ProximityMap, Site
 
@@ -202,6 +209,11 @@ class Timing:
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
 
+    def figures(self) -> dict[str, float]:
+        return {"wall_p50_us": pct(self.wall, 0.5), "wall_p99_us": pct(self.wall, 0.99),
+                "cpu_mean_us": statistics.fmean(self.cpu), "cpu_p99_us": pct(self.cpu, 0.99),
+                "cpu_max_us": max(self.cpu)} if self.wall else {}
+
     def summary(self) -> str:
         if not self.wall:
             return "-"
@@ -228,6 +240,13 @@ def timed_pass(
         scopes.append(scope)
         answers.append(site)
     return scopes, answers, timing
+
+
+def scope_figures(scopes: list[int], source: int) -> dict[str, float]:
+    return {"median": statistics.median(scopes), "p10": pct([float(s) for s in scopes], 0.1),
+            "p90": pct([float(s) for s in scopes], 0.9),
+            "wider_percent": sum(1 for s in scopes if s < source) / len(scopes) * 100,
+            "narrower_percent": sum(1 for s in scopes if s > source) / len(scopes) * 100}
 
 
 def scope_summary(scopes: list[int], source: int) -> str:
@@ -274,6 +293,29 @@ def verify_scope(reader: maxminddb.Reader, address: Address, scope: int, names: 
 # -- main ------------------------------------------------------------------------------------
 
 
+def synthetic_database(scratch: Path, seed: int) -> Path:
+    """A small City-shaped database: random IPv4 /8-/20 and IPv6 /24-/40 networks at random places."""
+    from tests.fakes.mmdb_writer import MmdbWriter, city_record
+
+    rng = random.Random(seed)
+    writer = MmdbWriter()
+    for first in rng.sample(range(1, 224), 96):
+        writer.insert(f"{first}.0.0.0/8", city_record(f"c{first}", rng.uniform(-60, 70), rng.uniform(-180, 180)))
+        for _ in range(rng.randrange(4)):  # more specific networks elsewhere inside it
+            length = rng.randrange(12, 21)
+            network = ipaddress.ip_network((first << 24 | rng.getrandbits(24), length), strict=False)
+            writer.insert(network, city_record("n", rng.uniform(-60, 70), rng.uniform(-180, 180)))
+    writer.insert("1.2.3.0/24", city_record("nowhere", None, None))  # a record without a location
+    for _ in range(40):
+        length = rng.randrange(24, 41)
+        network = ipaddress.ip_network(((0x2000 + rng.getrandbits(12)) << 112 | rng.getrandbits(112), length),
+                                       strict=False)
+        writer.insert(network, city_record("v6", rng.uniform(-60, 70), rng.uniform(-180, 180)))
+    path = scratch / "synthetic-City.mmdb"
+    writer.write(path)
+    return path
+
+
 def database_path(given: str, scratch: Path) -> Path:
     path = Path(given)
     if path.suffix == ".mmdb":
@@ -293,14 +335,17 @@ def main() -> int:
     parser.add_argument("--verify", type=int, default=300, help="clients whose scope is proven by enumeration")
     parser.add_argument("--verify-cap", type=int, default=300_000, help="leaves enumerated per proof at most")
     parser.add_argument("--warm-slice", type=int, default=2000)
+    add_arguments(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.samples, args.verify, args.verify_cap, args.warm_slice = 60, 9, 20_000, 200
 
-    with tempfile.TemporaryDirectory() as scratch:
-        path = database_path(args.db, Path(scratch))
-        return run(path, args)
+    with tempfile.TemporaryDirectory() as scratch, Results("proximity_eval", args.out, smoke=args.smoke) as results:
+        path = synthetic_database(Path(scratch), args.seed) if args.smoke else database_path(args.db, Path(scratch))
+        return run(path, args, results)
 
 
-def run(path: Path, args: argparse.Namespace) -> int:
+def run(path: Path, args: argparse.Namespace, results: Results) -> int:
     rng = random.Random(args.seed)
     base_anon, base_file = rss()
     started = time.perf_counter()
@@ -310,6 +355,9 @@ def run(path: Path, args: argparse.Namespace) -> int:
     reader = maxminddb.open_database(str(path))
     meta = reader.metadata()
     print(f"database: {path.name} {meta.database_type} build {meta.build_epoch} nodes {meta.node_count}")
+    results.add("database", file=path.name, database_type=meta.database_type, build_epoch=meta.build_epoch,
+                nodes=meta.node_count, open_ms=opened * 1000, rss_open_anon_mb=open_anon - base_anon,
+                rss_open_file_mb=open_file - base_file)
     print(f"sites: {' '.join(f'{s.name}({s.latitude:.2f},{s.longitude:.2f})' for s in SITES)}")
     print(
         f"open: {opened * 1000:.0f} ms, RSS +{open_anon - base_anon:.1f} MB anon +{open_file - base_file:.1f} MB file"
@@ -353,6 +401,9 @@ def run(path: Path, args: argparse.Namespace) -> int:
         f" longest slice {longest * 1000:.1f} ms CPU; {len(exact._summaries) - 1} distinct subtree summaries,"
         f" {len(exact._orders) - 1} distinct rankings"
     )
+    results.add("warm", cpu_seconds=warm_cpu, wall_seconds=warm_wall, slices=slices, slice_units=args.warm_slice,
+                longest_slice_cpu_ms=longest * 1000, summaries=len(exact._summaries) - 1,
+                rankings=len(exact._orders) - 1)
 
     rows: list[str] = []
     times: list[str] = []
@@ -394,6 +445,11 @@ def run(path: Path, args: argparse.Namespace) -> int:
                 f"{scenario:<15} {label:<16} {timing_cold.summary():<41} {timing_exact.summary():<41} "
                 f"{timing_hit.summary()}"
             )
+            results.add("scenario", scenario=scenario, sample=label, clients=total, agree_percent=agree / total * 100,
+                        flat_agree_percent=None if rank else agree_flat / total * 100,
+                        scope_cold=scope_figures(scopes_cold, source),
+                        scope_exact=scope_figures(scopes_exact, source), exhausted=exhausted,
+                        cold=timing_cold.figures(), exact=timing_exact.figures(), hit=timing_hit.figures())
         cold_anon = max(cold_anon, rss()[0])
         del cold_map
 
@@ -406,6 +462,8 @@ def run(path: Path, args: argparse.Namespace) -> int:
     for row in times:
         print(row)
     print()
+    results.add("memory", fresh_map_mb=built_anon - open_anon, after_warm_mb=warm_anon - open_anon,
+                second_map_peak_mb=cold_anon - open_anon)
     print(
         f"memory (RSS anon over the open database): a fresh map +{built_anon - open_anon:.1f} MB,"
         f" after the full warm() +{warm_anon - open_anon:.1f} MB,"
@@ -426,6 +484,7 @@ def run(path: Path, args: argparse.Namespace) -> int:
         + ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
     )
     failures += tally.get("WRONG", 0) + tally.get("not widest", 0)
+    results.add("scope_proofs", clients=len(chosen), verdicts=tally, failures=failures)
     print("RESULT:", "ok" if failures == 0 else f"{failures} FAILURES")
     return 0 if failures == 0 else 1
 
