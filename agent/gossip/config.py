@@ -60,6 +60,17 @@ class GossipConfig:
     big clusters: ``interval * (ceil(log2(N) - log2(32)) + 1)`` when N > 32, so the total sync
     bandwidth stays bounded. Repairs anything a lost broadcast missed."""
 
+    reconnect_interval: float = 10.0
+    """Seconds between two push-pulls with a random member this node believes failed (not left),
+    as Serf's reconnect does: after a partition heals the two sides find each other again even
+    when each declared the other dead and forgot it."""
+
+    reconnect_timeout: float = 24 * 3600.0
+    """Seconds a failed member is still tried by reconnect (Serf's default), at most
+    ``reconnect_limit`` of them."""
+
+    reconnect_limit: int = 1024
+
     join_sync_delays: tuple[float, ...] = (0.5, 1.5)
     """Seconds after a join at which a node runs an extra push-pull with a random member, so many
     agents joining at once learn of each other in seconds instead of at the next periodic sync."""
@@ -80,14 +91,14 @@ class GossipConfig:
 
     def __post_init__(self) -> None:
         positive = ("probe_interval", "probe_timeout", "gossip_interval", "gossip_to_the_dead",
-                    "push_pull_interval")
+                    "push_pull_interval", "reconnect_interval", "reconnect_timeout")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         if self.probe_timeout >= self.probe_interval:
             raise ValueError("probe_timeout must be below probe_interval")
         for name in ("indirect_checks", "gossip_nodes", "retransmit_mult", "suspicion_mult",
-                     "suspicion_max_timeout_mult", "awareness_max_multiplier"):
+                     "suspicion_max_timeout_mult", "awareness_max_multiplier", "reconnect_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.packet_bytes < 512 or self.stream_bytes < self.packet_bytes:
@@ -144,5 +155,6 @@ def wan() -> GossipConfig:
         gossip_interval=b.gossip_interval * 2.5,    # 0.5 s
         gossip_nodes=b.gossip_nodes + 1,            # 4: fewer rounds, more members each
         push_pull_interval=b.push_pull_interval * 2,  # 60 s
+        reconnect_interval=b.reconnect_interval * 3,  # 30 s, Serf's default
         join_sync_delays=(2.0, 5.0),
     )
