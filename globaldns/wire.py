@@ -174,14 +174,13 @@ def _skip_name(data: bytes, offset: int) -> int:
         offset += n + 1
 
 
-def parse_query(data: bytes) -> Query:
-    """Parse a query, or raise :class:`MessageError` saying how to answer it."""
-    try:
-        return _parse_query(data)
-    except MessageError as error:
-        if error.rcode is not None and error.edns is None:
-            error.edns = find_opt(data)  # only on the error path: a second, lenient walk
-        raise
+def _answerable(data: bytes, reason: str, rcode: int, query_id: int, flags: int,
+                question: bytes = b"") -> MessageError:
+    """A :class:`MessageError` to answer, with the query's OPT when one can be read.
+
+    Only on the error path: a second, lenient walk of the message, which the parser skips.
+    """
+    return MessageError(reason, rcode, query_id, flags, question, find_opt(data))
 
 
 def find_opt(data: bytes) -> Edns | None:
@@ -214,7 +213,8 @@ def find_opt(data: bytes) -> Edns | None:
         return None
 
 
-def _parse_query(data: bytes) -> Query:
+def parse_query(data: bytes) -> Query:
+    """Parse a query, or raise :class:`MessageError` saying how to answer it."""
     if len(data) < 12:
         raise MessageError("short header", None)
     qid, flags, qdcount, ancount, nscount, arcount = _HEADER.unpack_from(data)
@@ -222,22 +222,22 @@ def _parse_query(data: bytes) -> Query:
         raise MessageError("a response, not a query", None)  # never answer answers
     if qdcount != 1:
         opcode_ok = (flags & OPCODE_MASK) >> 11 == OPCODE_QUERY
-        raise MessageError(f"{qdcount} questions", FORMERR if opcode_ok else NOTIMP, qid, flags)
+        raise _answerable(data, f"{qdcount} questions", FORMERR if opcode_ok else NOTIMP, qid, flags)
     try:
         qend = _read_name(data, 12)
     except (ValueError, IndexError):
-        raise MessageError("malformed question name", FORMERR, qid, flags) from None
+        raise _answerable(data, "malformed question name", FORMERR, qid, flags) from None
     if qend + 4 > len(data):
-        raise MessageError("truncated question", FORMERR, qid, flags)
+        raise _answerable(data, "truncated question", FORMERR, qid, flags)
     qtype, qclass = struct.unpack_from("!HH", data, qend)
     question = data[12:qend + 4]
     opcode = (flags & OPCODE_MASK) >> 11
     if opcode != OPCODE_QUERY:
-        raise MessageError(f"opcode {opcode} not implemented", NOTIMP, qid, flags, question)
+        raise _answerable(data, f"opcode {opcode} not implemented", NOTIMP, qid, flags, question)
     # An IXFR query carries the client's SOA in its authority section (RFC 1995 §3): read past
     # it, so that IXFR gets the same REFUSED as AXFR rather than FORMERR.
     if ancount or (nscount and qtype != IXFR):
-        raise MessageError("records in the answer or authority section of a query", FORMERR, qid, flags, question)
+        raise _answerable(data, "records in the answer or authority section of a query", FORMERR, qid, flags, question)
     edns: Edns | None = None
     offset = qend + 4
     try:
@@ -258,12 +258,12 @@ def _parse_query(data: bytes) -> Query:
                     raise ValueError("OPT owner is not the root")
                 edns = _parse_opt(data, offset, rdata_end, rclass, ttl)
             elif rtype == TSIG:
-                raise MessageError("TSIG-signed queries are not served", NOTAUTH, qid, flags, question)
+                raise _answerable(data, "TSIG-signed queries are not served", NOTAUTH, qid, flags, question)
             offset = rdata_end
     except (ValueError, struct.error, IndexError) as exc:
-        raise MessageError(f"malformed additional section: {exc}", FORMERR, qid, flags, question) from None
+        raise _answerable(data, f"malformed additional section: {exc}", FORMERR, qid, flags, question) from None
     if offset != len(data):
-        raise MessageError("trailing bytes after the message", FORMERR, qid, flags, question)
+        raise _answerable(data, "trailing bytes after the message", FORMERR, qid, flags, question)
     qname = data[12:qend]
     return Query(qid, flags, qname, qname.lower(), qtype, qclass, edns, question)
 
