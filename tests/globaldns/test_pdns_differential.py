@@ -51,21 +51,15 @@ Deliberate differences, so not compared:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 import dns.exception
 import dns.flags
@@ -77,7 +71,12 @@ import dns.rrset
 import pytest
 
 from tests.conftest import wait_for_sync
-from tests.fakes.health_endpoint import HealthEndpoint
+
+# PowerDNS, the agent and the fake copies start as the benches start them (bench/common.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from common import start_agent, start_endpoints, start_pdns
+from dns_rig import Endpoint, Procs
 
 pytestmark = [
     pytest.mark.external,
@@ -85,7 +84,6 @@ pytestmark = [
                        reason="pdns_server not installed (apt-get install pdns-server pdns-backend-bind)"),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
 ZONE = "g.example.com"
 CHECK_HOST = f"runr-health.{ZONE}"
 PRIMARY, BACKUP, NRT_A, NRT_B = "127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14"
@@ -97,79 +95,23 @@ PROJECTS: Mapping[str, tuple[tuple[str, ...], ...]] = {  # slug -> ifurlup group
 PDNS_UA = "PowerDNS"
 AGENT_UA = "region-agent"
 SETTLE_TIMEOUT = 10.0
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- the rig
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free for both UDP and TCP on ``host`` right now."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind((host, 0))
-            port = int(tcp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                try:
-                    udp.bind((host, port))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port")
-
-
 class Endpoints:
-    """The fake copies, served by an event loop in a thread (the test itself is synchronous)."""
+    """The fake copies, one process each, all on one port (the check URL names one port)."""
 
-    def __init__(self, hosts: tuple[str, ...]) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="fake copies", daemon=True)
-        self.thread.start()
-        self.by_host: dict[str, HealthEndpoint] = {}
-        self.port = self._call(self._start(hosts))
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
-
-    async def _start(self, hosts: tuple[str, ...]) -> int:
-        for _ in range(20):  # every copy on the same port: the check URL names one port
-            started: list[HealthEndpoint] = []
-            try:
-                first = HealthEndpoint(hosts[0], 0)
-                port = await first.start()
-                started.append(first)
-                for host in hosts[1:]:
-                    endpoint = HealthEndpoint(host, port)
-                    await endpoint.start()
-                    started.append(endpoint)
-            except OSError:
-                for endpoint in started:
-                    await endpoint.stop()
-                continue
-            self.by_host = {e.host: e for e in started}
-            return port
-        raise RuntimeError("no port free on every endpoint address")
+    def __init__(self, procs: Procs, hosts: tuple[str, ...]) -> None:
+        self.by_host: dict[str, Endpoint] = start_endpoints(procs, "copy", hosts)
+        self.port = self.by_host[hosts[0]].port
 
     def set(self, states: Mapping[str, str]) -> float:
         """Apply behaviours (host -> state text, others 'ok'); returns the epoch after which checks see them."""
-
-        async def apply() -> None:
-            for host, endpoint in self.by_host.items():
-                endpoint.set(states.get(host, "ok"))
-
-        self._call(apply())
+        for host, endpoint in self.by_host.items():
+            endpoint.set(states.get(host, "ok"))
         return time.time()
-
-    def close(self) -> None:
-        async def stop() -> None:
-            for endpoint in self.by_host.values():
-                await endpoint.stop()
-
-        with contextlib.suppress(Exception):
-            self._call(stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        self.loop.close()
 
 
 def ifurlup_lua(slug: str, groups: tuple[tuple[str, ...], ...], port: int) -> str:
@@ -235,67 +177,6 @@ class Server:
         return frozenset(rr.address for rrset in response.answer if rrset.rdtype == dns.rdatatype.A
                          for rr in rrset)
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-
-def wait_serving(server: Server) -> None:
-    def up() -> bool:
-        with contextlib.suppress(dns.exception.Timeout, OSError):
-            return server.query(ZONE, "SOA").rcode() == dns.rcode.NOERROR
-        return False
-
-    try:
-        wait_for_sync(up, timeout=20, interval=0.02, message=f"{server.name} to answer SOA")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n--- {server.name} log:\n{server.tail()}") from None
-
-
-def start_pdns(tmp: Path, health_port: int) -> Server:
-    conf = tmp / "pdns"
-    conf.mkdir()
-    (conf / "zone").write_text(pdns_zone(health_port), encoding="utf-8")
-    (conf / "named.conf").write_text(f'zone "{ZONE}" {{ type master; file "{conf / "zone"}"; }};\n',
-                                     encoding="utf-8")
-    port = free_port()
-    (conf / "pdns.conf").write_text("\n".join([
-        "launch=bind", f"bind-config={conf / 'named.conf'}", "local-address=127.0.0.1", f"local-port={port}",
-        "enable-lua-records=shared", "lua-health-checks-interval=1", "daemon=no", "guardian=no",
-        f"socket-dir={conf}", "webserver=no", "api=no", "disable-syslog=yes", "security-poll-suffix=",
-        "loglevel=6",
-    ]) + "\n", encoding="utf-8")
-    log = tmp / "pdns.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(["pdns_server", f"--config-dir={conf}"], stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
-    return Server("pdns", port, process, log)
-
-
-def start_agent(tmp: Path, health_port: int) -> tuple[Server, int]:
-    conf = tmp / "agent"
-    conf.mkdir()
-    (conf / "zone.yaml").write_text(AGENT_ZONE, encoding="utf-8")
-    port, metrics_port = free_port(), free_port()
-    (conf / "agent.yaml").write_text(f"""\
-region: sfo1
-zone_file: zone.yaml
-dns: {{zone: {ZONE}, listen_addresses: [127.0.0.1], port: {port}}}
-checks: {{host: {CHECK_HOST}, port: {health_port}, interval: 1, timeout: 1, recheck_delay: 0.1, fall: 2, rise: 2}}
-health: {{listen_addresses: [127.0.0.1], port: {metrics_port}, operator_port: 0}}
-""", encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
-    log = tmp / "agent.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(conf / "agent.yaml")],
-                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return Server("agent", port, process, log), metrics_port
-
 
 def ready(port: int) -> bool | None:
     """The agent's /readyz: True, False, or None when it does not answer."""
@@ -308,9 +189,10 @@ def ready(port: int) -> bool | None:
         return None
 
 
-def _checked(endpoint: HealthEndpoint, since: float, ua: str, path: str, count: int) -> Callable[[], bool]:
+def _checked(endpoint: Endpoint, since: float, ua: str, path: str, count: int) -> Callable[[], bool]:
     def done() -> bool:
-        return sum(r.path == path for r in endpoint.checks_since(since, ua)) >= count
+        seen = endpoint.checks()  # the requests it has answered so far, from its log
+        return sum(r.arrived > since and r.user_agent.startswith(ua) and r.path == path for r in seen) >= count
 
     return done
 
@@ -357,32 +239,28 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    tmp = tmp_path_factory.mktemp("pdns-differential")
-    endpoints = Endpoints(ENDPOINTS)
-    started: list[Server] = []
-    try:
+    with Procs(tmp_path_factory.mktemp("pdns-differential")) as procs:  # stops every process by PID
+        endpoints = Endpoints(procs, ENDPOINTS)
         # The primary hangs (longer than either timeout) so the agent's first round can not finish
         # before the cold-start answers are read.
         endpoints.set({PRIMARY: "hang 4"})
-        pdns = start_pdns(tmp, endpoints.port)
-        started.append(pdns)
-        agent, metrics_port = start_agent(tmp, endpoints.port)
-        started.append(agent)
-        wait_serving(agent)
+        # Both answer SOA when started; an SOA query starts no LUA check.
+        started = start_pdns(procs, "pdns", pdns_zone(endpoints.port), lua="shared", interval=1, loglevel=6)
+        pdns = Server("pdns", started.port, started.proc, started.log)
+        started = start_agent(procs, "agent", AGENT_ZONE, wait="dns", log_level="info", checks={
+            "port": endpoints.port, "interval": 1, "timeout": 1, "recheck_delay": 0.1, "fall": 2, "rise": 2})
+        agent = Server("agent", started.port, started.proc, started.log)
+        metrics_port = started.metrics_port
+        assert metrics_port is not None
         wait_for_sync(lambda: ready(metrics_port) is not None, timeout=10, message="the agent's /readyz")
         agent_first = {slug: agent.addresses(slug) for slug in PROJECTS}
         agent_ready = ready(metrics_port)
-        wait_serving(pdns)
         # PowerDNS's very first LUA queries: its checks of each record start now.
         pdns_first = {slug: pdns.addresses(slug) for slug in PROJECTS}
         rig = Rig(endpoints, pdns, agent, metrics_port,
                   {"pdns": pdns_first, "agent": agent_first, "agent_ready": agent_ready})
         rig.settle({}, {"shop": frozenset({PRIMARY}), "web": frozenset({PRIMARY})})
         yield rig
-    finally:
-        for server in reversed(started):
-            server.stop()
-        endpoints.close()
 
 
 # ---------------------------------------------------------------- tests
