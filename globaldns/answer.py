@@ -140,6 +140,7 @@ class Responder:
         self.counters = counters
         self.limits = limits or ResponderLimits()
         self.rrl = rrl
+        self._memo_on = self.limits.memo_entries > 0  # off: not even another Responder's memo is read
         self._sample_mask = max(1, self.limits.latency_sample) - 1
         self._queries = 0
 
@@ -149,7 +150,7 @@ class Responder:
         tables = self.holder.tables
         if tables is None:
             return self._unready(data, tcp=tcp)
-        memo = tables.tcp_response_memo if tcp else tables.response_memo
+        memo = (tables.tcp_response_memo if tcp else tables.response_memo) if self._memo_on else None
         end = data.find(0, 12)
         if memo is not None and end > 0:
             key = data[2:end].lower() + data[end:]  # memo_key and the splice below, inlined: the hot path

@@ -4,6 +4,7 @@ responses byte-identical to rendering every query afresh."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 
@@ -30,10 +31,22 @@ def _tables() -> ZoneTables:
 
 def _pair(capacity: int = 20_000) -> tuple[Responder, Responder, ZoneHolder]:
     """A responder with the memo and one without, on the same tables."""
-    holder = ZoneHolder(_tables())
+    tables = _tables()
+    holder = ZoneHolder(tables)
     memo = Responder(holder, DnsCounters(), ResponderLimits(memo_entries=capacity))
-    plain = Responder(ZoneHolder(holder.tables), DnsCounters(), ResponderLimits(memo_entries=0))
+    # the same compiled zone (same serial), but not the same object: it carries the memo
+    plain = Responder(ZoneHolder(dataclasses.replace(tables)), DnsCounters(), ResponderLimits(memo_entries=0))
     return memo, plain, holder
+
+
+def test_a_responder_without_memo_never_reads_one() -> None:
+    memo, _, holder = _pair()
+    plain = Responder(holder, DnsCounters(), ResponderLimits(memo_entries=0))  # the same tables
+    wire = _query(f"shop.{ZONE}")
+    for _ in range(3):
+        memo.respond(wire, None, tcp=False)
+        plain.respond(wire, None, tcp=False)
+    assert memo.counters.memo_hits == 2 and plain.counters.memo_hits == 0
 
 
 def _query(name: str, qtype: str = "A", *, qid: int = 7, edns: int = 0, payload: int = 1232, do: bool = False,

@@ -12,7 +12,7 @@ import dns.rcode
 import pytest
 
 from globaldns.answer import Responder
-from globaldns.metrics import DnsCounters
+from globaldns.metrics import DnsCollector, DnsCounters
 from globaldns.rrl import DROP, ERROR, NXDOMAIN, PASS, RESPONSE, SLIP, RateLimiter, RrlConfig
 from globaldns.server import DnsServer
 from globaldns.service import rate_limiter
@@ -249,3 +249,11 @@ async def test_a_spoofed_flood_is_limited_to_its_network_and_others_are_untouche
     finally:
         for sock in [*flooders, bystander]:
             sock.close()
+
+
+def test_actions_are_exported_by_label() -> None:
+    counters = DnsCounters()
+    counters.rrl_actions = [7, 3, 2]
+    family = next(f for f in DnsCollector(counters).collect() if f.name == "region_agent_dns_rrl_actions")
+    assert {s.labels["action"]: s.value for s in family.samples if s.name.endswith("_total")} == {
+        "pass": 7, "drop": 3, "slip": 2}
