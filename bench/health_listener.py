@@ -6,8 +6,11 @@
 
 For each mode the server runs pinned to CPU 0 and the load to CPU 1 (when there are two):
 
-- ``bare``: a bare aiohttp + uvloop handler answering ``ok`` (the ceiling on this machine,
-  measured in the same run so the numbers can be compared on a shared, noisy machine);
+- ``bare``: a bare aiohttp + uvloop handler answering ``ok`` on aiohttp's low-level ``web.Server``
+  as the listener uses it (the ceiling on this machine, measured in the same run so the numbers
+  can be compared on a shared, noisy machine);
+- ``bare-app``: the same handler behind an ``Application`` with one route (router, middlewares,
+  signals): what the low-level server saves;
 - ``in-process``: one process like the agent: a ``HealthService`` in in-process mode (the
   listener answering from its ``ViewHolder``) with a 10,000-copy view that changes ``--churn``
   times a second;
@@ -44,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, Foreign, Results, add_arguments, run_wrk, wait_http
 from dns_rig import Procs, cpu_seconds, free_port, need_tools
 
-MODES = ("bare", "in-process", "sidecar")
+MODES = ("bare", "bare-app", "in-process", "sidecar")
 
 
 def _slug(copies: int) -> str:
@@ -85,13 +88,20 @@ def _view(copies: int) -> object:
     )
 
 
-async def _serve_bare(port: int) -> None:
+async def _serve_bare(port: int, app: bool) -> None:
+    """``ok`` from aiohttp's low-level ``web.Server`` (what the listener is built on) or, with ``app``,
+    from an ``Application`` with one route (router, middlewares and signals on every request)."""
     from aiohttp import web
 
     async def handler(request: web.BaseRequest) -> web.Response:
         return web.Response(text="ok")
 
-    runner = web.ServerRunner(web.Server(handler, access_log=None))
+    if app:
+        application = web.Application()
+        application.router.add_get("/global-health/{slug}", handler)
+        runner: web.BaseRunner = web.AppRunner(application, access_log=None)
+    else:
+        runner = web.ServerRunner(web.Server(handler, access_log=None))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     await asyncio.Event().wait()
@@ -144,8 +154,8 @@ def _child(argv: list[str]) -> None:
     import uvloop
 
     role = argv[0]
-    if role == "bare":
-        uvloop.run(_serve_bare(int(argv[1])))
+    if role in ("bare", "bare-app"):
+        uvloop.run(_serve_bare(int(argv[1]), app=role == "bare-app"))
     elif role == "agent":
         uvloop.run(_serve_agent(int(argv[1]), argv[2], Path(argv[3]), int(argv[4]), float(argv[5])))
     elif role == "rate":
@@ -257,8 +267,8 @@ def _start_server(procs: Procs, mode: str, port: int, opts: argparse.Namespace,
     """The processes of ``mode`` (the one answering on ``port`` first) and the path that says it is ready."""
     me = str(Path(__file__).resolve())
     view = [str(tmp / f"{mode}.sock"), str(opts.copies), str(opts.churn)]
-    if mode == "bare":
-        return [_start(procs, "bare", [me, "--child", "bare", str(port)], 0)], "/"
+    if mode in ("bare", "bare-app"):
+        return [_start(procs, mode, [me, "--child", mode, str(port)], 0)], f"/global-health/{_slug(opts.copies)}"
     if mode == "in-process":
         return [_start(procs, "in-process", [me, "--child", "agent", str(port), "in-process", *view], 0)], "/readyz"
     # sidecar: the feeding agent on the load's core, the sidecar alone on the server's core
@@ -285,8 +295,8 @@ def _measure(procs: Procs, mode: str, opts: argparse.Namespace) -> dict[str, Any
         fixed_rate = _fixed_rate_in_child(port, path, opts.rate, opts.rate_duration)
         return {
             "mode": mode,
-            "copies": opts.copies if mode != "bare" else 0,
-            "churn_per_second": opts.churn if mode != "bare" else 0,
+            "copies": 0 if mode.startswith("bare") else opts.copies,
+            "churn_per_second": 0 if mode.startswith("bare") else opts.churn,
             "wrk": wrk,
             "wrk_foreign_busy_percent": foreign.percent,  # other people's load on both cores during wrk
             "fixed_rate": fixed_rate,

@@ -52,8 +52,8 @@ def _number(value: object) -> float:
 
 
 def _health_listener(lines: Lines) -> None:
-    modes = {line["mode"]: line for line in lines if line["name"] in ("bare", "in-process", "sidecar")}
-    assert sorted(modes) == ["bare", "in-process", "sidecar"]
+    modes = {line["mode"]: line for line in lines if "mode" in line}
+    assert sorted(modes) == ["bare", "bare-app", "in-process", "sidecar"]
     for mode, line in modes.items():
         wrk, fixed = line["wrk"], line["fixed_rate"]
         assert _number(wrk["requests"]) > 0, mode
