@@ -1,7 +1,8 @@
 """DNS throughput and latency: region-agent against PowerDNS 4.7 serving the same zone, in one run.
 
-    python bench/dns_throughput.py                    # ~5 minutes: every run below, 15 s each
-    python bench/dns_throughput.py --duration 5 --rounds 2
+    python bench/dns_throughput.py                    # ~6 minutes: every run below, 15 s each
+    python bench/dns_throughput.py --duration 8 --no-yes
+    python bench/dns_throughput.py --smoke            # 1 s runs, tiny query files: does every path work?
 
 Started side by side on loopback (each stopped by PID when the bench ends), all checking the
 same two fake copies (``tests/fakes/health_endpoint.py`` on 127.0.0.11/12, both ``ok``):
@@ -11,35 +12,35 @@ same two fake copies (``tests/fakes/health_endpoint.py`` on 127.0.0.11/12, both 
   LUA ``ifurlup`` record ``shop``;
 * ``pdns-yes``: the same with ``enable-lua-records=yes`` (PowerDNS's default LUA mode; reference);
 * ``agent``: ``python -m agent run`` (uvloop, one process) on the equivalent zone file;
-* ``agent-nomemo``: the same with ``REGION_AGENT_DNS__RESPONSE_MEMO_ENTRIES=0``.
+* ``agent-nomemo``: the same with ``REGION_AGENT_DNS__RESPONSE_MEMO_ENTRIES=0``: every query is
+  parsed, looked up and rendered (the memo-miss path).
 
-The agent keeps a memo of rendered responses keyed by the query's bytes after the ID, so a
-dnsperf run repeating one query measures the memo-hit path only. The cache-miss path is measured
-with ``-0x20`` runs: the query file holds 30,000 distinct mixed-case spellings of the name (what
-resolvers that use 0x20 case randomisation send), cycled in order, more than the 20,000-entry memo
-holds, so no query is ever answered from the memo: each is parsed, looked up and rendered.
-(``RESPONSE_MEMO_ENTRIES=0`` alone does not show it: the agent then still keeps the last
-response, which a one-query file hits every time; reported to the lead.)
+Query files: one name (``static`` or ``shop``); ``-0x20``: 30,000 distinct mixed-case spellings
+of ``shop`` cycled in order (what resolvers that randomise case send; the agent's memo is
+case-blind, so for ``agent`` they are hits after the first round and for ``agent-nomemo`` each
+is a miss); ``-random``: 30,000 random names under the zone (a random-subdomain flood, every
+answer NXDOMAIN, never memoised); ``agent-random-hot``: the same flood with every fourth query
+the hot name (in random case): the share of memo hits shows whether the flood evicted it.
 
 Load: ``dnsperf -c 10 -l <duration>`` (``-q 100`` outstanding, one send and one receive thread)
 at full rate, then at a fixed ``-Q 1000`` with ``-v``, whose per-query latencies (µs resolution)
 give the percentiles. ECS runs add ``-E 8:<ECS option>`` (192.0.2.0/24) to every query (dnsperf
-can not vary it per query): the agent echoes ECS with scope 0 (an HA answer holds for every
-client); PowerDNS, without ``edns-subnet-processing``, ignores it. ``agent-0x20-ecs`` (every
-query a memo miss, with ECS parsed and echoed) is the cost a mix of many client subnets would pay.
+can not vary it per query): the agent echoes ECS with scope 0; PowerDNS, without
+``edns-subnet-processing``, ignores it.
 
 For every run: queries/s, lost, rcodes, dnsperf's latency avg/min/max/stddev, percentiles
 (fixed rate), the server's CPU from ``/proc/<pid>/stat`` (seconds, % of one core, µs per
-query), dnsperf's CPU, and the rest of the machine's load during the run (``/proc/stat`` busy
-minus everything this bench started). Ratios are computed from runs of the same round.
-Goals (issue 2): agent >= 1.0x PowerDNS shared-LUA, >= 0.75x PowerDNS static, p99 < 1 ms at 1,000 q/s.
+query), dnsperf's CPU, the rest of the machine's load during the run (``/proc/stat`` busy
+minus everything this bench started) and, for the agent, the memo hits it counted. Ratios are
+computed from runs of the same round. Goals (issue 7): memo hit >= 1.0x PowerDNS shared-LUA
+and >= 0.85x static; memo-miss 0x20 >= 0.9x static; p99 < 1 ms at 1,000 q/s. Every run writes
+its raw results as JSON lines (``bench/common.py``) to the file it names at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import re
 import resource
@@ -49,15 +50,20 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import Results, add_arguments, start_agent, start_pdns
 from dns_rig import (
+    AGENT_ZONE,
     HA_NAME,
     PRIMARY,
     STATIC_NAME,
+    ZONE,
     Endpoint,
     Procs,
     Server,
@@ -65,16 +71,43 @@ from dns_rig import (
     cpu_seconds,
     dig,
     free_port,
+    ifurlup_record,
     need_tools,
     proc_stat,
-    start_agent,
     start_endpoint,
-    start_pdns,
     wait_answer,
 )
 
 ECS_OPTION = "8:00011800c00002"  # family 1, source /24, scope 0, 192.0.2
-CASE_VARIANTS = 30_000  # > the agent's default 20,000-entry response memo
+VARIANTS = 30_000  # query-file lines of the 0x20 and random-subdomain runs (> the 20,000-entry memo)
+SMOKE_VARIANTS = 300
+
+
+def pdns_zone(health_port: int) -> str:
+    """The anchor's zone: SOA, NS, a static A and the LUA ifurlup record."""
+    return "\n".join([
+        f"$ORIGIN {ZONE}.", "$TTL 300", f"@ IN SOA ns1.{ZONE}. hostmaster.{ZONE}. 1 3600 600 604800 60",
+        f"@ IN NS ns1.{ZONE}.", "ns1 IN A 192.0.2.53", "static IN A 192.0.2.1", ifurlup_record(health_port),
+    ]) + "\n"
+
+
+def random_names(count: int, seed: int = 20261130) -> list[str]:
+    """``count`` random names under the zone (none of them exists), in a fixed pseudo-random order."""
+    rng = random.Random(seed)
+    return [f"{rng.getrandbits(48):012x}.{ZONE}" for _ in range(count)]
+
+
+def memo_hits(server: Server) -> int | None:
+    """The agent's region_agent_dns_memo_hits_total from its operator listener, None if unreadable."""
+    if server.metrics_port is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^region_agent_dns_memo_hits_total (\S+)$", text, re.M)
+    return int(float(found.group(1))) if found else None
 
 
 def case_variants(name: str, count: int, seed: int = 20261129) -> list[str]:
@@ -116,10 +149,25 @@ class Run:
     dnsperf_cpu: float = 0.0
     background: float = 0.0  # % of all cores busy with processes this bench did not start
     wall: float = 0.0
+    memo_hits: int | None = None  # the agent's memo hits during the run
+    dnsperf_exit: int = 0
 
     @property
     def us_per_query(self) -> float:
         return 1e6 * self.server_cpu / self.completed if self.completed else 0.0
+
+    def record(self) -> dict[str, Any]:
+        """The run as a results-file line."""
+        return {
+            "label": self.label, "server": self.server.name, "round": self.round, "queries": self.qfile.name,
+            "extra": self.extra, "fixed_qps": self.fixed_qps, "qps": self.qps, "sent": self.sent,
+            "completed": self.completed, "lost": self.lost, "rcodes": self.rcodes,
+            "latency_ms": {"avg": self.avg_ms, "min": self.min_ms, "max": self.max_ms, "stddev": self.sd_ms,
+                           **self.pct},
+            "server_cpu_s": round(self.server_cpu, 3), "us_per_query": round(self.us_per_query, 2),
+            "dnsperf_cpu_s": round(self.dnsperf_cpu, 3), "background_percent": round(self.background, 1),
+            "wall_s": round(self.wall, 2), "memo_hits": self.memo_hits, "dnsperf_exit": self.dnsperf_exit,
+        }
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -159,6 +207,7 @@ def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path) -
             "-l", str(duration), *run.extra]
     if run.fixed_qps:
         argv += ["-Q", str(run.fixed_qps), "-v"]
+    hits0 = memo_hits(run.server) if run.server.name.startswith("agent") else None
     cpu0 = {pid: cpu_seconds(pid) for pid in ours}
     child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, total0 = proc_stat()
@@ -168,6 +217,8 @@ def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path) -
     busy1, total1 = proc_stat()
     child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu1 = {pid: cpu_seconds(pid) for pid in ours}
+    hits1 = memo_hits(run.server) if hits0 is not None else None
+    run.memo_hits = hits1 - hits0 if hits0 is not None and hits1 is not None else None
     run.server_cpu = cpu1[run.server.pid] - cpu0[run.server.pid]
     run.dnsperf_cpu = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
     ours_cpu = sum(cpu1[p] - cpu0[p] for p in ours) + run.dnsperf_cpu
@@ -175,6 +226,7 @@ def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path) -
     (tmp / f"dnsperf-{run.round}-{run.label}{'-fixed' if run.fixed_qps else ''}.txt").write_text(
         " ".join(argv) + "\n" + out.stdout + out.stderr, encoding="utf-8")
     parse_dnsperf(out.stdout, run)
+    run.dnsperf_exit = out.returncode
     if out.returncode != 0 or not run.completed:
         print(f"    !! dnsperf exit {out.returncode}: {(out.stderr or out.stdout)[-400:]}", flush=True)
 
@@ -192,10 +244,8 @@ def show(run: Run, duration: int) -> None:
     print(f"    server CPU={run.server_cpu:.2f} s ({100 * run.server_cpu / duration:.0f}% of one core, "
           f"{run.us_per_query:.1f} µs/query); dnsperf CPU={run.dnsperf_cpu:.2f} s; other load on the machine "
           f"during the run: {run.background:.0f}% of all cores", flush=True)
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b else "n/a"
+    if run.memo_hits is not None and run.completed:
+        print(f"    memo hits: {run.memo_hits} ({100 * run.memo_hits / run.completed:.1f}% of answers)", flush=True)
 
 
 def main() -> int:
@@ -206,132 +256,181 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="times to repeat the max-rate block")
     parser.add_argument("--no-yes", action="store_true", help="skip PowerDNS enable-lua-records=yes")
     parser.add_argument("--keep-tmp", action="store_true", help="keep configs, logs and raw dnsperf output")
+    add_arguments(parser)
     args = parser.parse_args()
     if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 10:
         parser.error("--duration 1..120 and --rounds 1..10")
+    if args.smoke:  # every server and every run, a second each, tiny files: it works, it measures nothing
+        args.duration, args.rounds, args.fixed_qps, args.no_yes = 1, 1, 200, False
     need_tools("pdns_server", "dnsperf", "dig")
+    variants = SMOKE_VARIANTS if args.smoke else VARIANTS
 
     tmp = Path(tempfile.mkdtemp(prefix="dns-throughput."))
-    versions = subprocess.run(["pdns_server", "--version"], capture_output=True, text=True, check=False)
-    pdns_version = re.findall(r"PowerDNS Authoritative Server [\d.]+", versions.stderr + versions.stdout)
-    versions = subprocess.run(["dnsperf", "-h"], capture_output=True, text=True, check=False)
-    dnsperf_version = re.findall(r"Version ([\d.]+)", versions.stderr + versions.stdout)
     print(f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}  cores: {len(os.sched_getaffinity(0))}  "
           f"tmp: {tmp}")
-    print(f"versions: {pdns_version[0] if pdns_version else 'pdns ?'}; dnsperf "
-          f"{dnsperf_version[0] if dnsperf_version else '?'}; Python {platform.python_version()}")
-    print(f"background before start: {busy_percent(3):.0f}% of all cores busy (3 s sample of /proc/stat, "
+    print(f"background before start: {busy_percent(0.3 if args.smoke else 3):.0f}% of all cores busy (/proc/stat, "
           "processes of other users of this machine)", flush=True)
     runs: list[Run] = []
-    try:
-        with Procs(tmp) as procs:
-            health_port = free_port(("127.0.0.11", "127.0.0.12"), udp=False)
-            endpoints: list[Endpoint] = [start_endpoint(procs, "copy-sfo1", "127.0.0.11", health_port),
-                                         start_endpoint(procs, "copy-ams1", "127.0.0.12", health_port)]
-            pdns = start_pdns(procs, "pdns-shared", health_port, lua="shared")
-            pdns_yes = None if args.no_yes else start_pdns(procs, "pdns-yes", health_port, lua="yes")
-            agent = start_agent(procs, "agent", health_port)
-            nomemo = start_agent(procs, "agent-nomemo", health_port,
-                                 env={"REGION_AGENT_DNS__RESPONSE_MEMO_ENTRIES": "0"})
-            servers = [s for s in (pdns, pdns_yes, agent, nomemo) if s is not None]
-            for server in servers:
-                waited = wait_answer(server, PRIMARY, 30)
-                print(f"{server.name}: pid {server.pid}, port {server.port}, {server.threads()} threads, "
-                      f"{server.notes}; '{HA_NAME} A' = {PRIMARY} after {waited:.2f} s")
-            ecs_reply = subprocess.run(["dig", "@127.0.0.1", "-p", str(agent.port), HA_NAME, "A",
-                                        "+subnet=192.0.2.0/24", "+time=1", "+tries=1"],
-                                       capture_output=True, text=True, timeout=5, check=False).stdout
-            echo = re.findall(r"CLIENT-SUBNET: (\S+)", ecs_reply)
-            print(f"static check: {dig(pdns.port, STATIC_NAME)}; agent's ECS echo to 192.0.2.0/24: "
-                  f"{echo[0] if echo else 'none'} (address/source/scope)")
-            qstatic = tmp / "queries-static.txt"
-            qstatic.write_text(f"{STATIC_NAME} A\n", encoding="utf-8")
-            qha = tmp / "queries-ha.txt"
-            qha.write_text(f"{HA_NAME} A\n", encoding="utf-8")
-            q20 = tmp / "queries-ha-0x20.txt"
-            q20.write_text("".join(f"{n} A\n" for n in case_variants(HA_NAME, CASE_VARIANTS)), encoding="utf-8")
-            ours = [s.pid for s in servers] + [e.proc.pid for e in endpoints]
-            ecs = ["-E", ECS_OPTION]
-
-            plan: list[Run] = []
-            for rnd in range(1, args.rounds + 1):
-                plan += [Run("pdns-static", pdns, qstatic, round=rnd),
-                         Run("pdns-lua-shared", pdns, qha, round=rnd),
-                         Run("agent", agent, qha, round=rnd),
-                         Run("agent-0x20", agent, q20, round=rnd),
-                         Run("agent-nomemo-0x20", nomemo, q20, round=rnd),
-                         Run("agent-ecs", agent, qha, ecs, round=rnd),
-                         Run("agent-0x20-ecs", agent, q20, ecs, round=rnd),
-                         Run("pdns-lua-shared-0x20", pdns, q20, round=rnd)]
-                if pdns_yes is not None:
-                    plan.append(Run("pdns-lua-yes", pdns_yes, qha, round=rnd))
-            q = args.fixed_qps
-            plan += [Run("pdns-static", pdns, qstatic, fixed_qps=q),
-                     Run("pdns-lua-shared", pdns, qha, fixed_qps=q),
-                     Run("agent", agent, qha, fixed_qps=q),
-                     Run("agent-0x20", agent, q20, fixed_qps=q),
-                     Run("agent-0x20-ecs", agent, q20, ecs, fixed_qps=q)]
-            if pdns_yes is not None:
-                plan.append(Run("pdns-lua-yes", pdns_yes, qha, fixed_qps=q))
-            print(f"\n{len(plan)} dnsperf runs of {args.duration} s, -c {args.clients} (default -q 100):", flush=True)
-            for run in plan:
-                execute(run, args.duration, args.clients, ours, tmp)
-                runs.append(run)
-                show(run, args.duration)
-            for server in servers:
-                answer = dig(server.port, HA_NAME)
-                print(f"after the runs: {server.name} answers {answer!r}")
-                if server.proc.poll() is not None:
-                    print(f"!! {server.name} exited: {server.log.read_text()[-1000:]}")
-    finally:
-        if not args.keep_tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-    summarize(runs, args)
+    with Results("dns_throughput", args.out, smoke=args.smoke, tools=("pdns_server", "dnsperf", "dig")) as results:
+        try:
+            with Procs(tmp) as procs:
+                runs = measure(procs, tmp, args, variants, results)
+        finally:
+            if not args.keep_tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+        summary = summarize(runs, args)
+        for name, value in summary.items():
+            results.add(name, **value)
+        if args.smoke:
+            check_smoke(runs)
     return 0
 
 
-def summarize(runs: list[Run], args: argparse.Namespace) -> None:
+def measure(procs: Procs, tmp: Path, args: argparse.Namespace, variants: int, results: Results) -> list[Run]:
+    health_port = free_port(("127.0.0.11", "127.0.0.12"), udp=False)
+    endpoints: list[Endpoint] = [start_endpoint(procs, "copy-sfo1", "127.0.0.11", health_port),
+                                 start_endpoint(procs, "copy-ams1", "127.0.0.12", health_port)]
+    pdns = start_pdns(procs, "pdns-shared", pdns_zone(health_port), lua="shared")
+    pdns_yes = None if args.no_yes else start_pdns(procs, "pdns-yes", pdns_zone(health_port), lua="yes")
+    checks = {"port": health_port, "interval": 5.0, "timeout": 2.0}
+    agent = start_agent(procs, "agent", AGENT_ZONE, checks=checks)
+    nomemo = start_agent(procs, "agent-nomemo", AGENT_ZONE, checks=checks,
+                         env={"REGION_AGENT_DNS__RESPONSE_MEMO_ENTRIES": "0"})
+    servers = [s for s in (pdns, pdns_yes, agent, nomemo) if s is not None]
+    for server in servers:
+        waited = wait_answer(server, PRIMARY, 30)
+        print(f"{server.name}: pid {server.pid}, port {server.port}, {server.threads()} threads, "
+              f"{server.notes}; '{HA_NAME} A' = {PRIMARY} after {waited:.2f} s")
+        results.add(f"server {server.name}", pid=server.pid, threads=server.threads(), notes=server.notes,
+                    first_answer_s=round(waited, 3))
+    ecs_reply = subprocess.run(["dig", "@127.0.0.1", "-p", str(agent.port), HA_NAME, "A",
+                                "+subnet=192.0.2.0/24", "+time=1", "+tries=1"],
+                               capture_output=True, text=True, timeout=5, check=False).stdout
+    echo = re.findall(r"CLIENT-SUBNET: (\S+)", ecs_reply)
+    print(f"static check: {dig(pdns.port, STATIC_NAME)}; agent's ECS echo to 192.0.2.0/24: "
+          f"{echo[0] if echo else 'none'} (address/source/scope)")
+
+    def query_file(name: str, lines: list[str]) -> Path:
+        path = tmp / f"queries-{name}.txt"
+        path.write_text("".join(f"{line} A\n" for line in lines), encoding="utf-8")
+        return path
+
+    qstatic = query_file("static", [STATIC_NAME])
+    qha = query_file("ha", [HA_NAME])
+    spellings = case_variants(HA_NAME, variants)
+    q20 = query_file("ha-0x20", spellings)
+    randoms = random_names(variants)
+    qrandom = query_file("random", randoms)
+    qhot = query_file("random-hot", [spellings[i] if i % 4 == 0 else name for i, name in enumerate(randoms)])
+    ours = [s.pid for s in servers] + [e.proc.pid for e in endpoints]
+    ecs = ["-E", ECS_OPTION]
+
+    plan: list[Run] = []
+    for rnd in range(1, args.rounds + 1):
+        plan += [Run("pdns-static", pdns, qstatic, round=rnd),
+                 Run("pdns-lua-shared", pdns, qha, round=rnd),
+                 Run("agent", agent, qha, round=rnd),
+                 Run("agent-0x20", agent, q20, round=rnd),
+                 Run("agent-nomemo-0x20", nomemo, q20, round=rnd),
+                 Run("agent-ecs", agent, qha, ecs, round=rnd),
+                 Run("agent-nomemo-0x20-ecs", nomemo, q20, ecs, round=rnd),
+                 Run("pdns-lua-shared-0x20", pdns, q20, round=rnd),
+                 Run("pdns-random", pdns, qrandom, round=rnd),
+                 Run("agent-random", agent, qrandom, round=rnd),
+                 Run("agent-random-hot", agent, qhot, round=rnd)]
+        if pdns_yes is not None:
+            plan.append(Run("pdns-lua-yes", pdns_yes, qha, round=rnd))
+    q = args.fixed_qps
+    fixed = [Run("pdns-static", pdns, qstatic, fixed_qps=q),
+             Run("pdns-lua-shared", pdns, qha, fixed_qps=q),
+             Run("agent", agent, qha, fixed_qps=q),
+             Run("agent-0x20", agent, q20, fixed_qps=q),
+             Run("agent-nomemo-0x20", nomemo, q20, fixed_qps=q),
+             Run("agent-random", agent, qrandom, fixed_qps=q)]
+    if pdns_yes is not None:
+        fixed.append(Run("pdns-lua-yes", pdns_yes, qha, fixed_qps=q))
+    plan += fixed[2:4] if args.smoke else fixed  # smoke: the fixed-rate path once per agent mode is enough
+    print(f"\n{len(plan)} dnsperf runs of {args.duration} s, -c {args.clients} (default -q 100):", flush=True)
+    runs = []
+    for run in plan:
+        execute(run, args.duration, args.clients, ours, tmp)
+        runs.append(run)
+        show(run, args.duration)
+        results.add(f"run {run.label}{' fixed' if run.fixed_qps else ''} r{run.round}", **run.record())
+    for server in servers:
+        answer = dig(server.port, HA_NAME)
+        print(f"after the runs: {server.name} answers {answer!r}")
+        if server.proc.poll() is not None:
+            print(f"!! {server.name} exited: {server.log.read_text()[-1000:]}")
+            raise RuntimeError(f"{server.name} exited during the bench")
+    return runs
+
+
+def check_smoke(runs: list[Run]) -> None:
+    """A smoke run proves only that every run produced a well-formed result."""
+    problems = [f"{r.label}: exit {r.dnsperf_exit}, completed {r.completed}, qps {r.qps}, rcodes {r.rcodes!r}"
+                for r in runs if r.dnsperf_exit != 0 or r.completed <= 0 or r.qps <= 0 or not r.rcodes]
+    problems += [f"{r.label}: no memo hit count" for r in runs if r.server.name == "agent" and r.memo_hits is None]
+    problems += [f"{r.label}: no percentiles" for r in runs if r.fixed_qps and not r.pct]
+    if problems:
+        raise SystemExit("smoke: " + "; ".join(problems))
+    print(f"smoke: {len(runs)} runs, every one well formed")
+
+
+GOALS = [  # (name, numerator, denominator, goal or 0 for none)
+    ("agent / pdns-lua-shared", "agent", "pdns-lua-shared", 1.0),
+    ("agent / pdns-static", "agent", "pdns-static", 0.85),
+    ("agent-0x20 / pdns-static", "agent-0x20", "pdns-static", 0.85),
+    ("agent-nomemo-0x20 / pdns-static", "agent-nomemo-0x20", "pdns-static", 0.9),
+    ("agent-nomemo-0x20 / pdns-lua-shared", "agent-nomemo-0x20", "pdns-lua-shared", 1.0),
+    ("agent-ecs / pdns-lua-shared", "agent-ecs", "pdns-lua-shared", 1.0),
+    ("agent-nomemo-0x20-ecs / pdns-lua-shared", "agent-nomemo-0x20-ecs", "pdns-lua-shared", 1.0),
+    ("agent-0x20 / pdns-lua-shared-0x20", "agent-0x20", "pdns-lua-shared-0x20", 1.0),
+    ("agent-random / pdns-random", "agent-random", "pdns-random", 0.0),
+    ("agent-random / pdns-static", "agent-random", "pdns-static", 0.0),
+    ("pdns-random / pdns-static", "pdns-random", "pdns-static", 0.0),
+    ("pdns-lua-shared / pdns-static", "pdns-lua-shared", "pdns-static", 0.0),
+    ("agent / pdns-lua-yes", "agent", "pdns-lua-yes", 0.0),
+]
+
+
+def summarize(runs: list[Run], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Print the summary and the ratios; return them for the results file."""
     print("\n==================== SUMMARY ====================")
-    print(f"{'run':<20} {'rate':>8} {'queries/s':>10} {'avg ms':>7} {'p99 ms':>7} {'max ms':>7} {'lost':>5} "
-          f"{'srv CPU %':>9} {'µs/q':>6} {'bg %':>5}")
+    print(f"{'run':<22} {'rate':>8} {'queries/s':>10} {'avg ms':>7} {'p99 ms':>7} {'max ms':>7} {'lost':>5} "
+          f"{'srv CPU %':>9} {'µs/q':>6} {'bg %':>5} {'memo hit %':>10}")
     for run in runs:
         rate = f"-Q {run.fixed_qps}" if run.fixed_qps else f"max r{run.round}"
         p99 = f"{run.pct['p99']:.3f}" if run.pct else "-"
-        print(f"{run.label:<20} {rate:>8} {run.qps:>10,.0f} {run.avg_ms:>7.3f} {p99:>7} {run.max_ms:>7.2f} "
+        hit = f"{100 * run.memo_hits / run.completed:.1f}" if run.memo_hits is not None and run.completed else "-"
+        print(f"{run.label:<22} {rate:>8} {run.qps:>10,.0f} {run.avg_ms:>7.3f} {p99:>7} {run.max_ms:>7.2f} "
               f"{run.lost:>5} {100 * run.server_cpu / args.duration:>9.0f} {run.us_per_query:>6.1f} "
-              f"{run.background:>5.0f}")
+              f"{run.background:>5.0f} {hit:>10}")
     print("\nratios of queries/s (same round):")
     rounds = sorted({r.round for r in runs if not r.fixed_qps})
     by = {(r.round, r.label): r for r in runs if not r.fixed_qps}
-    keep: dict[str, list[float]] = {}
-    for rnd in rounds:
-        def qps(label: str, rnd: int = rnd) -> float:
-            run = by.get((rnd, label))
-            return run.qps if run else 0.0
-
-        pairs = [("agent / pdns-lua-shared", "agent", "pdns-lua-shared", 1.0),
-                 ("agent / pdns-static", "agent", "pdns-static", 0.75),
-                 ("agent-0x20 / pdns-lua-shared", "agent-0x20", "pdns-lua-shared", 1.0),
-                 ("agent-0x20 / pdns-static", "agent-0x20", "pdns-static", 0.75),
-                 ("agent-nomemo-0x20 / pdns-lua-shared", "agent-nomemo-0x20", "pdns-lua-shared", 1.0),
-                 ("agent-ecs / pdns-lua-shared", "agent-ecs", "pdns-lua-shared", 1.0),
-                 ("agent-0x20-ecs / pdns-lua-shared", "agent-0x20-ecs", "pdns-lua-shared", 1.0),
-                 ("agent-0x20 / pdns-lua-shared-0x20", "agent-0x20", "pdns-lua-shared-0x20", 1.0),
-                 ("pdns-lua-shared / pdns-static", "pdns-lua-shared", "pdns-static", 0.0),
-                 ("agent / pdns-lua-yes", "agent", "pdns-lua-yes", 0.0)]
-        for name, a, b, goal in pairs:
-            if qps(a) and qps(b):
-                value = qps(a) / qps(b)
-                keep.setdefault(name, []).append(value)
-                verdict = f"  goal >= {goal:.2f}: {'met' if value >= goal else 'MISSED'}" if goal else ""
-                print(f"  round {rnd}: {name:<36} {ratio(qps(a), qps(b)):>6}{verdict}")
-    if len(rounds) > 1:
-        for name, values in keep.items():
-            print(f"  median over {len(values)} rounds: {name:<36} {statistics.median(values):.2f}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, a, b, goal in GOALS:
+        values = []
+        for rnd in rounds:
+            num, den = by.get((rnd, a)), by.get((rnd, b))
+            if num is None or den is None or not num.qps or not den.qps:
+                continue
+            value = num.qps / den.qps
+            values.append(round(value, 3))
+            verdict = f"  goal >= {goal:.2f}: {'met' if value >= goal else 'MISSED'}" if goal else ""
+            print(f"  round {rnd}: {name:<40} {value:>6.2f}{verdict}")
+        if values:
+            median = statistics.median(values)
+            if len(values) > 1:
+                print(f"  median over {len(values)} rounds: {name:<40} {median:.2f}")
+            out[f"ratio {name}"] = {"values": values, "median": median, "goal": goal or None,
+                                    "met": median >= goal if goal else None}
     for run in runs:
         if run.fixed_qps and run.pct and run.label.startswith("agent"):
             verdict = "met" if run.pct["p99"] < 1.0 else "MISSED"
             print(f"  p99 at {run.fixed_qps} q/s, {run.label}: {run.pct['p99']:.3f} ms (goal < 1 ms: {verdict})")
+    return out
 
 
 if __name__ == "__main__":
