@@ -12,6 +12,7 @@ rate limiter for UDP (``globaldns.rrl``).
 from __future__ import annotations
 
 import ipaddress
+import struct
 import time
 from dataclasses import dataclass
 
@@ -21,23 +22,26 @@ from globaldns.rrl import DROP, ERROR, PASS, RESPONSE, SLIP, RateLimiter
 from globaldns.rrl import NXDOMAIN as RRL_NXDOMAIN
 from globaldns.tables import REFUSED_REPLY, Reply, ZoneHolder, ZoneTables
 from globaldns.wire import (
+    AA,
     ANY,
     AXFR,
     BADVERS,
+    CD,
     CLASS_IN,
     IXFR,
     MIN_UDP_PAYLOAD,
     NOERROR,
     NXDOMAIN,
+    OPCODE_MASK,
+    QR,
+    RD,
     SERVFAIL,
     TC,
     MessageError,
     Query,
     error_response,
-    header,
     opt_record,
     parse_query,
-    response_flags,
 )
 
 TCP_MAX = 65535
@@ -94,24 +98,46 @@ def max_response_size(query: Query, *, tcp: bool, our_payload: int) -> int:
     return max(MIN_UDP_PAYLOAD, min(query.edns.payload, our_payload))
 
 
+_HEADER = struct.Struct("!HHHHHH")
+_COPIED_FLAGS = OPCODE_MASK | RD | CD  # what wire.response_flags copies from the query
+_PLAIN_OPTS: dict[tuple[int, int, bool], bytes] = {}  # (our payload, rcode, DO) → OPT without options
+
+
+def _plain_opt(our_payload: int, rcode: int, do: bool) -> bytes:
+    """An OPT record without options; a handful exist (one payload, two DO values, few rcodes)."""
+    key = (our_payload, rcode, do)
+    opt = _PLAIN_OPTS.get(key)
+    if opt is None:
+        opt = _PLAIN_OPTS[key] = opt_record(our_payload, extended_rcode=rcode, do=do)
+    return opt
+
+
 def render(query: Query, reply: Reply, *, max_size: int, our_payload: int) -> bytes:
-    opt = b""
+    """The response; every query that is not a memo hit comes through here, so it calls little.
+
+    Flags as ``wire.response_flags``: QR, opcode/RD/CD copied, AA when authoritative.
+    """
     edns = query.edns
-    if edns is not None:
-        options = b"" if edns.client_subnet is None else edns.client_subnet.option(reply.scope)
-        opt = opt_record(our_payload, extended_rcode=reply.rcode, do=edns.do, options=options)
+    rcode = reply.rcode
+    if edns is None:
+        opt = b""
+    elif edns.client_subnet is None:
+        opt = _plain_opt(our_payload, rcode, edns.do)
+    else:
+        opt = opt_record(our_payload, extended_rcode=rcode, do=edns.do,
+                         options=edns.client_subnet.option(reply.scope))
     question = query.question
     answer_data, authority_data, additional_data = reply.answer.data, reply.authority.data, reply.additional.data
     an, ns, ar = reply.answer.count, reply.authority.count, reply.additional.count
-    flags = response_flags(query.flags, rcode=reply.rcode, aa=reply.aa)
+    flags = QR | (query.flags & _COPIED_FLAGS) | (rcode & 0xF) | (AA if reply.aa else 0)
     size = 12 + len(question) + len(answer_data) + len(authority_data) + len(additional_data) + len(opt)
     if size > max_size:
         additional_data, ar = b"", 0
         if size - len(reply.additional.data) > max_size:
             answer_data, authority_data, an, ns = b"", b"", 0, 0
             flags |= TC
-    return (header(query.id, flags, 1, an, ns, ar + (1 if opt else 0)) + question + answer_data + authority_data
-            + additional_data + opt)
+    return b"".join((_HEADER.pack(query.id, flags, 1, an, ns, ar + (1 if opt else 0)), question, answer_data,
+                     authority_data, additional_data, opt))
 
 
 @dataclass

@@ -15,11 +15,11 @@ import dns.rdatatype
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from globaldns.answer import Responder, ResponderLimits
+from globaldns.answer import Responder, ResponderLimits, answer, render
 from globaldns.memo import Entry, ResponseMemo, memo_key, memoisable
 from globaldns.metrics import DnsCounters
-from globaldns.tables import ZoneHolder, ZoneTables
-from globaldns.wire import parse_query
+from globaldns.tables import Reply, ZoneHolder, ZoneTables
+from globaldns.wire import BADVERS, TC, Query, header, opt_record, parse_query, response_flags
 from tests.globaldns.zones import ALL, ZONE, PrefixLocator, ha, proximity, tables_for, up
 
 LOCATOR = PrefixLocator({"198.51.100.0/24": (["ams1", "sfo1"], 24), "203.0.113.0/24": (["nrt1"], 24)})
@@ -232,3 +232,42 @@ def test_memo_on_and_off_answer_byte_identically(queries: list[dict[str, object]
                           ecs=q["ecs"], flags=int(q["flags"]))  # type: ignore[arg-type,call-overload]
             tcp, source = bool(q["tcp"]), str(q["source"])
             assert responder.respond(wire, source, tcp=tcp) == plain.respond(wire, source, tcp=tcp)
+
+
+def _reference_render(query: Query, reply: Reply, *, max_size: int, our_payload: int) -> bytes:
+    """``render`` as it was written before it was inlined: wire's own helpers, one call each."""
+    opt = b""
+    edns = query.edns
+    if edns is not None:
+        options = b"" if edns.client_subnet is None else edns.client_subnet.option(reply.scope)
+        opt = opt_record(our_payload, extended_rcode=reply.rcode, do=edns.do, options=options)
+    answer_data, authority_data, additional_data = reply.answer.data, reply.authority.data, reply.additional.data
+    an, ns, ar = reply.answer.count, reply.authority.count, reply.additional.count
+    flags = response_flags(query.flags, rcode=reply.rcode, aa=reply.aa)
+    size = 12 + len(query.question) + len(answer_data) + len(authority_data) + len(additional_data) + len(opt)
+    if size > max_size:
+        additional_data, ar = b"", 0
+        if size - len(reply.additional.data) > max_size:
+            answer_data, authority_data, an, ns = b"", b"", 0, 0
+            flags |= TC
+    return (header(query.id, flags, 1, an, ns, ar + (1 if opt else 0)) + query.question + answer_data
+            + authority_data + additional_data + opt)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(QUERY, st.sampled_from([0, 60, 120, 300, 512, 1232, 65535]))
+def test_render_matches_the_reference(q: dict[str, object], max_size: int) -> None:
+    if q["edns"] == -1 and q["ecs"] is not None:
+        return
+    rng = random.Random(q["case"])  # type: ignore[arg-type]
+    wire = _query(_random_case(str(q["name"]), rng), str(q["qtype"]), qid=int(q["qid"]),  # type: ignore[call-overload]
+                  edns=int(q["edns"]), payload=int(q["payload"]), do=bool(q["do"]),  # type: ignore[call-overload]
+                  ecs=q["ecs"], flags=int(q["flags"]) | dns.flags.AA | dns.flags.TC)  # type: ignore[arg-type,call-overload]
+    query = parse_query(wire)
+    reply = answer(_TABLES, query, str(q["source"]))
+    for rcode_reply in (reply, dataclasses.replace(reply, rcode=BADVERS), dataclasses.replace(reply, aa=not reply.aa)):
+        assert render(query, rcode_reply, max_size=max_size, our_payload=1232) == _reference_render(
+            query, rcode_reply, max_size=max_size, our_payload=1232)
+
+
+_TABLES = _tables()
