@@ -16,12 +16,16 @@ every process started is stopped by PID when the bench ends.
 
     python bench/dns_tcp_abuse.py                   # 1,000,000 queries, 4 clients, agent and PowerDNS
     python bench/dns_tcp_abuse.py --no-pdns --queries 200000 --seconds 20
+    python bench/dns_tcp_abuse.py --smoke           # seconds: proves it runs, measures nothing
+
+Results also go to a JSON lines file (``--out``; see ``bench/common.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Results, add_arguments
 from dns_rig import (
     HA_NAME,
     PRIMARY,
@@ -204,26 +209,38 @@ def measure(server: Server, *, queries: int, clients: int, seconds: float, probe
                    sum(a.connections for a in abusers), elapsed, base.rtts, base.lost, probe.rtts, probe.lost)
 
 
+def latency(rtts: list[float], lost: int) -> dict[str, object]:
+    """p50/p99 in ms (None without answers), answered and lost probes."""
+    return {"p50_ms": round(percentile(rtts, 50) * 1e3, 3) if rtts else None,
+            "p99_ms": round(percentile(rtts, 99) * 1e3, 3) if rtts else None,
+            "answered": len(rtts), "lost": lost}
+
+
 def show(o: Outcome) -> None:
     mb = 1 << 20
     print(f"{o.name}: {o.sent:,} queries sent by the clients in {o.seconds:.1f} s over {o.connections} connections")
     print(f"  RSS before {o.rss_before / mb:.1f} MB, peak {o.rss_peak / mb:.1f} MB "
           f"(+{(o.rss_peak - o.rss_before) / mb:.1f} MB), after {o.rss_after / mb:.1f} MB")
-    print(f"  UDP before: p50 {percentile(o.base_rtts, 50) * 1e3:.2f} ms, p99 {percentile(o.base_rtts, 99) * 1e3:.2f} "
-          f"ms, lost {o.base_lost}/{len(o.base_rtts) + o.base_lost}")
-    print(f"  UDP during: p50 {percentile(o.rtts, 50) * 1e3:.2f} ms, p99 {percentile(o.rtts, 99) * 1e3:.2f} ms, "
-          f"lost {o.lost}/{len(o.rtts) + o.lost}", flush=True)
+    for label, rtts, lost in (("before", o.base_rtts, o.base_lost), ("during", o.rtts, o.lost)):
+        figures = latency(rtts, lost)
+        print(f"  UDP {label}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} ms, lost {lost}/{len(rtts) + lost}",
+              flush=True)
 
 
-def tcp_metrics(port: int) -> list[str]:
+def tcp_metrics(port: int) -> dict[str, float]:
     """The agent's ``region_agent_dns_tcp_*`` series (closes, refusals, read pauses) from its operator port."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError) as exc:
-        return [f"(no metrics from port {port}: {exc})"]
-    return [line for line in text.splitlines() if line.startswith("region_agent_dns_tcp_")
-            and not line.startswith("region_agent_dns_tcp_connections_created")]
+        print(f"  (no metrics from port {port}: {exc})")
+        return {}
+    series = {}
+    for line in text.splitlines():
+        if line.startswith("region_agent_dns_tcp_") and "_created" not in line:
+            name, _, value = line.rpartition(" ")
+            series[name] = float(value)
+    return series
 
 
 def main() -> int:
@@ -234,19 +251,25 @@ def main() -> int:
     parser.add_argument("--probe-rate", type=float, default=200.0, help="UDP probe queries per second")
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of UDP probing before the abuse")
     parser.add_argument("--no-pdns", action="store_true", help="the agent only")
+    add_arguments(parser)
     args = parser.parse_args()
+    if args.smoke:  # proves the bench runs; PowerDNS only where it is installed
+        args.queries, args.seconds, args.baseline, args.probe_rate = 20_000, 3.0, 1.0, 50.0
+        args.no_pdns = args.no_pdns or shutil.which("pdns_server") is None
     if not (1_000 <= args.queries <= 10_000_000 and 1 <= args.clients <= 64 and 1 <= args.seconds <= 300
             and 1 <= args.probe_rate <= 5_000 and 0 < args.baseline <= 60):
         parser.error("--queries 1e3..1e7, --clients 1..64, --seconds 1..300, --probe-rate 1..5000, "
                      "--baseline 0..60")
-    need_tools("dig", *(() if args.no_pdns else ("pdns_server",)))
+    tools = ("dig", *(() if args.no_pdns else ("pdns_server",)))
+    need_tools(*tools)
     tmp = Path(tempfile.mkdtemp(prefix="dns-tcp-abuse."))
     print(f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}  cores: {len(os.sched_getaffinity(0))}  "
           f"tmp: {tmp}")
-    print(f"background before start: {busy_percent(3):.0f}% of all cores busy (other users of this machine)")
+    print(f"background before start: {busy_percent(1 if args.smoke else 3):.0f}% of all cores busy "
+          "(other users of this machine)")
     print(f"abuse: {args.clients} clients, {args.queries:,} pipelined '{HA_NAME} A' queries at most, "
           f"{args.seconds:.0f} s at most; UDP probe {args.probe_rate:.0f}/s", flush=True)
-    with Procs(tmp) as procs:
+    with Results("dns_tcp_abuse", args.out, smoke=args.smoke, tools=tools) as results, Procs(tmp) as procs:
         health_port = free_port(("127.0.0.11", "127.0.0.12"), udp=False)
         start_endpoint(procs, "copy-sfo1", "127.0.0.11", health_port)
         start_endpoint(procs, "copy-ams1", "127.0.0.12", health_port)
@@ -259,11 +282,20 @@ def main() -> int:
             wait_answer(server, PRIMARY, 30)
             print(f"{server.name}: pid {server.pid}, port {server.port}, {server.notes}", flush=True)
         for server in servers:
-            show(measure(server, queries=args.queries, clients=args.clients, seconds=args.seconds,
-                         probe_rate=args.probe_rate, baseline=args.baseline))
-            if server.name == "agent":
-                for line in tcp_metrics(operator_port):
-                    print(f"  {line}")
+            o = measure(server, queries=args.queries, clients=args.clients, seconds=args.seconds,
+                        probe_rate=args.probe_rate, baseline=args.baseline)
+            show(o)
+            counters = tcp_metrics(operator_port) if server.name == "agent" else {}
+            for name, value in counters.items():
+                print(f"  {name} {value:g}")
+            mb = 1 << 20
+            results.add("server", server=server.name, clients=args.clients, queries_sent=o.sent,
+                        connections=o.connections, seconds=round(o.seconds, 1),
+                        rss_before_mb=round(o.rss_before / mb, 1), rss_peak_mb=round(o.rss_peak / mb, 1),
+                        rss_after_mb=round(o.rss_after / mb, 1),
+                        rss_growth_mb=round((o.rss_peak - o.rss_before) / mb, 1),
+                        udp_before=latency(o.base_rtts, o.base_lost), udp_during=latency(o.rtts, o.lost),
+                        tcp_counters=counters)
     return 0
 
 
