@@ -184,7 +184,7 @@ class Responder:
             if entry is not None:
                 entry.hot = True
                 if self.rrl is not None and not tcp and source is not None:
-                    action = self.rrl.check(source, RESPONSE, entry.name, entry.qtype)
+                    action = self.rrl.check(source, entry.limit_class, entry.name, entry.qtype)
                     self.counters.rrl_actions[action] += 1
                     if action != PASS:
                         return self._limited(action, data, source, tables)
@@ -244,7 +244,8 @@ class Responder:
                     tables.tcp_response_memo = memo
                 else:
                     tables.response_memo = memo
-            memo.put(memo_key(data), Entry(out, len(query.question), query.qtype, rcode, query.qname_lower))
+            memo.put(memo_key(data), Entry(out, len(query.question), query.qtype, rcode, query.qname_lower,
+                                           RESPONSE if rcode == NOERROR else ERROR))
         self.counters.answers[(query.qtype, rcode)] += 1
         return out
 

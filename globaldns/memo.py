@@ -35,15 +35,16 @@ from __future__ import annotations
 
 
 class Entry:
-    __slots__ = ("counted", "head", "hot", "name", "qend", "qtype", "tail")
+    __slots__ = ("counted", "head", "hot", "limit_class", "name", "qend", "qtype", "tail")
 
-    def __init__(self, response: bytes, qlen: int, qtype: int, rcode: int, name: bytes) -> None:
+    def __init__(self, response: bytes, qlen: int, qtype: int, rcode: int, name: bytes, limit_class: int = 0) -> None:
         self.head = response[2:12]  # flags and counts
         self.qend = 12 + qlen  # where the question (name, type, class) ends
         self.tail = response[self.qend:]  # everything after the question
         self.qtype = qtype
         self.counted = (qtype, rcode)  # the DnsCounters.answers key
         self.name = name  # lower-cased qname, for rate limiting
+        self.limit_class = limit_class  # its globaldns.rrl response class, as the first answer was charged
         self.hot = False
 
 

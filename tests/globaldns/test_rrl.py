@@ -11,6 +11,7 @@ import dns.message
 import dns.rcode
 import pytest
 
+from agent.state.model import AllDownPolicy
 from globaldns.answer import Responder
 from globaldns.metrics import DnsCollector, DnsCounters
 from globaldns.rrl import DROP, ERROR, NXDOMAIN, PASS, RESPONSE, SLIP, RateLimiter, RrlConfig
@@ -19,7 +20,7 @@ from globaldns.service import rate_limiter
 from globaldns.settings import RrlSettings
 from globaldns.tables import ZoneHolder
 from tests.conftest import wait_for
-from tests.globaldns.zones import ALL, ZONE, ha, tables_for, up
+from tests.globaldns.zones import ALL, ZONE, down, ha, tables_for, up
 
 P, D, S = PASS, DROP, SLIP
 
@@ -257,3 +258,13 @@ def test_actions_are_exported_by_label() -> None:
     family = next(f for f in DnsCollector(counters).collect() if f.name == "region_agent_dns_rrl_actions")
     assert {s.labels["action"]: s.value for s in family.samples if s.name.endswith("_total")} == {
         "pass": 7, "drop": 3, "slip": 2}
+
+
+def test_a_memoised_servfail_is_charged_as_an_error_on_hits_too() -> None:
+    limiter, _ = _limiter(100, errors=2, slip=0)
+    tables = tables_for([ha("dead", AllDownPolicy.SERVFAIL)], {"dead": down(*ALL)})
+    responder = Responder(ZoneHolder(tables), DnsCounters(), rrl=limiter)
+    outs = [responder.respond(_wire(f"dead.{ZONE}", i), "192.0.2.1", tcp=False) for i in range(4)]
+    assert [o is not None for o in outs] == [True, True, False, False]
+    assert dns.message.from_wire(outs[0] or b"").rcode() == dns.rcode.SERVFAIL
+    assert responder.counters.memo_hits == 1  # the second answer came from the memo, in the same bucket
