@@ -74,6 +74,8 @@ class Agent:
         self.tasks = TaskSupervisor(self.registry)
         self._stop = asyncio.Event()
         self.store.subscribe(self._on_state_change)
+        self._state_changes = 0  # part of /zone's generation: O(1), where the digest hashes every bucket
+        self.store.subscribe(self._count_state_change)
 
     def _on_state_change(self, changes: list[Entry]) -> None:
         # Check targets follow regions and projects; copy health (what checks write) leaves
@@ -122,9 +124,16 @@ class Agent:
         }
 
     def zone_generation(self) -> tuple[object, ...]:
-        """What /zone depends on: it is re-rendered only when this changes (never per request)."""
+        """What /zone depends on: it is re-rendered only when this changes (never per request).
+
+        The store's size covers tombstone expiry, which changes the digest without notifying.
+        """
         tables = self.dns.tables
-        return (id(tables), None if tables is None else tables.serial, self.store.digest(), self.ready.is_set())
+        return (id(tables), None if tables is None else tables.serial, self._state_changes, len(self.store),
+                self.ready.is_set())
+
+    def _count_state_change(self, _changes: list[Entry]) -> None:
+        self._state_changes += 1
 
     def _mass_removal_allowed(self) -> bool:
         """The override as the settings file says now (called off the loop on every zone file read).

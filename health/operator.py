@@ -7,8 +7,11 @@
   whoever asks (N scrapers cost one render), rendered in a worker thread so the event loop
   (which also answers DNS in the agent) keeps running between the thread's GIL slices.
 - :class:`Document` and :class:`DocumentCache`: a JSON document (the agent's ``/zone``)
-  serialized once per *generation* (a key the provider computes cheaply, e.g. the zone's
-  serial, digest and readiness) and served as bytes until the key changes.
+  serialized once per *generation* (a key the provider computes cheaply, e.g. the zone tables'
+  identity, a count of state changes and readiness) and served as bytes until the key changes.
+  The items of its top-level lists are encoded one by one and kept by identity, so a new
+  generation re-encodes only the records that are new objects: at 2,000 projects the whole
+  ``/zone`` is ~1 MB and ~100 ms to encode, one recompiled project a fraction of a millisecond.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +123,8 @@ class Document:
     """A read-only JSON document of the operator listener.
 
     ``generation`` must be cheap and change whenever ``render`` would return something else.
+    Items of the top-level lists ``render`` returns must not be mutated afterwards (a changed
+    record is a new object): their encoding is reused while the same object comes back.
     """
 
     render: Callable[[], object]
@@ -129,18 +134,44 @@ class Document:
 class DocumentCache:
     """Serialized bytes of one :class:`Document`, kept until its generation changes."""
 
-    __slots__ = ("_body", "_document", "_generation", "renders")
+    __slots__ = ("_body", "_document", "_generation", "_items", "renders")
 
     def __init__(self, document: Document) -> None:
         self._document = document
         self._generation: Hashable = object()  # equal to nothing: the first get renders
         self._body = b""
+        # id(item) -> (item, its JSON). Holding the item keeps its id from being reused.
+        self._items: dict[int, tuple[object, bytes]] = {}
         self.renders = 0
 
     def get(self) -> bytes:
         generation = self._document.generation()
         if generation != self._generation:
-            self._body = json.dumps(self._document.render(), default=str, separators=(",", ":")).encode()
+            self._body = self._encode(self._document.render())
             self._generation = generation
             self.renders += 1
         return self._body
+
+    def _encode(self, data: object) -> bytes:
+        """``json.dumps(data, default=str, separators=(",", ":"))``, reusing the encoding of known items."""
+        if not isinstance(data, Mapping):
+            return _dumps(data)
+        known, kept = self._items, {}
+        fields = []
+        for key, value in data.items():
+            if isinstance(value, list):
+                encoded = []
+                for item in value:
+                    hit = known.get(id(item)) or (item, _dumps(item))
+                    kept[id(item)] = hit
+                    encoded.append(hit[1])
+                body = b"[" + b",".join(encoded) + b"]"
+            else:
+                body = _dumps(value)
+            fields.append(_dumps(str(key)) + b":" + body)
+        self._items = kept
+        return b"{" + b",".join(fields) + b"}"
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, default=str, separators=(",", ":")).encode()

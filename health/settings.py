@@ -216,6 +216,19 @@ class HealthSettings(BaseModel):
                 raise ValueError(f"{raw!r} is not an IP address literal") from exc
         return tuple(dict.fromkeys(out))
 
+    @field_validator("operator_token_file")
+    @classmethod
+    def _token_file_usable(cls, value: Path | None) -> Path | None:
+        # Checked at start so a bad path stops start-up naming the setting; re-read at run time.
+        if value is not None:
+            try:
+                token = value.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"{value}: {exc.strerror}") from exc
+            if not token:
+                raise ValueError(f"{value} is empty")
+        return value
+
     @field_validator("feed_socket")
     @classmethod
     def _fits_sun_path(cls, value: Path) -> Path:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -15,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from agent.base.clock import ManualClock
 from agent.state.local import CopyReason
-from health.operator import BearerToken, Document, TokenFileError
+from health.operator import BearerToken, Document, DocumentCache, TokenFileError
 from health.service import HealthService
 from health.settings import HealthSettings
 from tests.health.helpers import copy, view
@@ -173,3 +175,27 @@ async def test_documents_are_refused_on_the_public_listener() -> None:
     with pytest.raises(ValueError, match="operator"):
         HealthListener(region="sfo1", source=lambda: None, settings=SETTINGS, registry=CollectorRegistry(),
                        documents={"/zone": Document(lambda: {}, lambda: 0)})
+
+
+def test_a_new_generation_reencodes_only_the_records_that_are_new_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    from health import operator
+
+    records = [{"name": f"p{i}", "answers": {"A": ["127.0.0.1"]}} for i in range(100)]
+    state: dict[str, Any] = {"generation": 1, "records": records}
+    cache = DocumentCache(Document(lambda: {"serial": state["generation"], "records": list(state["records"])},
+                                   lambda: state["generation"]))
+    assert cache.get() == json.dumps({"serial": 1, "records": records}, separators=(",", ":")).encode()
+    encoded: list[object] = []
+    real = operator._dumps
+
+    def counting(value: object) -> bytes:
+        encoded.append(value)
+        return real(value)
+
+    monkeypatch.setattr(operator, "_dumps", counting)
+    changed = {"name": "p7", "answers": {"A": []}}
+    state["records"] = [*records[:7], changed, *records[8:]]
+    state["generation"] = 2
+    assert cache.get() == json.dumps({"serial": 2, "records": state["records"]}, separators=(",", ":")).encode()
+    assert any(e is changed for e in encoded)
+    assert not [r for r in records if any(r is e for e in encoded)]  # the unchanged records were reused

@@ -14,6 +14,8 @@ def test_defaults() -> None:
     assert settings.port == 8086
     assert settings.listen_addresses == ("0.0.0.0", "::")
     assert settings.stale_after_seconds == 15.0
+    assert (settings.operator_listen_addresses, settings.operator_port) == (("127.0.0.1",), 8087)
+    assert settings.operator_token_file is None
 
 
 def test_every_field_documents_its_trade_off() -> None:
@@ -43,3 +45,15 @@ def test_bad_settings_name_the_field(changes: dict[str, object], field: str) -> 
 def test_addresses_are_normalized() -> None:
     settings = HealthSettings(listen_addresses=("127.0.0.1", "::0001", "127.0.0.1"))
     assert settings.listen_addresses == ("127.0.0.1", "::1")
+
+
+def test_an_operator_token_file_must_be_readable_and_not_empty(tmp_path: Path) -> None:
+    good = tmp_path / "token"
+    good.write_text("s3cret\n")
+    assert HealthSettings(operator_token_file=good).operator_token_file == good
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for bad, words in ((tmp_path / "missing", "No such file"), (empty, "is empty")):
+        with pytest.raises(ValidationError, match="operator_token_file") as failure:
+            HealthSettings(operator_token_file=bad)
+        assert words in str(failure.value)
