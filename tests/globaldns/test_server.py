@@ -196,21 +196,27 @@ async def test_a_port_taken_for_tcp_fails_start_and_leaves_udp_unbound() -> None
             udp.bind(("127.0.0.1", port))  # the UDP half was released
 
 
-async def test_udp_socket_is_not_shared_with_a_squatter(server: DnsServer) -> None:
+SQUATTERS = [(socket.SO_REUSEADDR, "127.0.0.1"), (socket.SO_REUSEADDR, "0.0.0.0"), (socket.SO_REUSEPORT, "127.0.0.1")]
+SQUATTER_IDS = ["SO_REUSEADDR same address", "SO_REUSEADDR wildcard", "SO_REUSEPORT same address"]
+
+
+@pytest.mark.parametrize(("option", "address"), SQUATTERS, ids=SQUATTER_IDS)
+async def test_udp_socket_is_not_shared_with_a_squatter(server: DnsServer, option: int, address: str) -> None:
     """No SO_REUSEADDR on UDP: another process can not bind the port beside us and take our queries."""
     (udp,) = server._udp
     assert udp.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 0
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.setsockopt(socket.SOL_SOCKET, option, 1)
         with pytest.raises(OSError) as caught:
-            squatter.bind(("127.0.0.1", _port(server)))
+            squatter.bind((address, _port(server)))
         assert caught.value.errno == errno.EADDRINUSE
 
 
-async def test_start_beside_a_udp_squatter_fails_naming_the_port_setting() -> None:
+@pytest.mark.parametrize(("option", "address"), SQUATTERS, ids=SQUATTER_IDS)
+async def test_start_beside_a_udp_squatter_fails_naming_the_port_setting(option: int, address: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
-        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", 0))
+        squatter.setsockopt(socket.SOL_SOCKET, option, 1)
+        squatter.bind((address, 0))
         port = squatter.getsockname()[1]
         srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("127.0.0.1", port)])  # type: ignore[arg-type]
         with pytest.raises(BindError) as caught:
