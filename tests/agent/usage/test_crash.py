@@ -269,7 +269,7 @@ async def test_sigkill_mid_post_with_open_sessions(tmp_path: Path,
             agent.proc.kill()
             await agent.proc.wait()
 
-    billed = plane.seconds_by_pod()
+    billed = plane.seconds_by_pod()  # again after the graceful stop, which must not have added anything
     assert not plane.conflicts and not plane.malformed and not plane.overlaps()
     for uid, seconds in expected.items():
         slack = billed[uid] - seconds
@@ -280,7 +280,6 @@ async def test_sigkill_mid_post_with_open_sessions(tmp_path: Path,
     assert plane.faults_served.get("hang") == 1 and plane.faults_served.get("stall") == 3
     # Each stalled batch was stored after its agent died and sent again by the next one.
     assert plane.duplicates >= 3, plane.duplicates
-    assert agent.starts == 5
 
 
 def _ts(seconds: int) -> str:
