@@ -117,6 +117,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self.last_message = 0.0  # loop time of the last complete message (or of the accept)
         self.message_started: float | None = None  # first byte of a message still arriving
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # when the timer fires (uvloop's TimerHandle.when() is rounded to its clock)
         self.continuation: asyncio.Handle | None = None  # the next batch of queries, next loop turn
         self.writing_paused = False
         self.reading = True
@@ -256,9 +257,10 @@ class TcpProtocol(asyncio.BufferedProtocol):
         if self.message_started is not None:
             deadline = min(deadline, self.message_started + self.limits.message_timeout)
         if self.timer is not None:
-            if self.timer.when() == deadline:
+            if self.deadline == deadline:
                 return  # a trickle of bytes moves nothing
             self.timer.cancel()
+        self.deadline = deadline
         self.timer = self.loop.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
@@ -290,7 +292,8 @@ class TcpProtocol(asyncio.BufferedProtocol):
             self.transport.close()
             if self.timer is not None:
                 self.timer.cancel()
-            self.timer = self.loop.call_later(self.limits.message_timeout, self._expire)
+            self.deadline = self.loop.time() + self.limits.message_timeout
+            self.timer = self.loop.call_at(self.deadline, self._expire)
             return
         self.shut_now()
 

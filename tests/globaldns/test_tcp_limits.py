@@ -263,6 +263,23 @@ async def test_a_trickle_does_not_restart_the_idle_timer() -> None:
 
 
 @both_loops
+async def test_trickled_bytes_leave_the_deadline_where_it_was() -> None:
+    async with serving(idle_timeout=30.0, message_timeout=30.0) as server:
+        reader, writer = await _connect(server)
+        writer.write(_frame(_query(f"shop.{ZONE}", 4)))
+        assert (await _read_response(reader)).id == 4
+        (connection,) = server.connections
+        timer, deadline = connection.timer, connection.deadline
+        trickle = asyncio.create_task(_trickle(writer, _frame(b"\x00" * 300), interval=0.01))
+        try:
+            await wait_for(lambda: len(connection.buffer) >= 5, message="five trickled bytes")
+        finally:
+            trickle.cancel()
+        assert connection.timer is timer and connection.deadline == deadline
+        writer.close()
+
+
+@both_loops
 async def test_tricklers_holding_every_slot_do_not_lock_out_a_normal_query() -> None:
     async with serving(max_connections=4, max_per_source=2) as server:
         tricklers = [await _connect(server, f"127.0.0.{2 + i // 2}") for i in range(4)]
