@@ -159,6 +159,7 @@ class Membership:
         self._seen_user: OrderedDict[str, None] = OrderedDict()
         self._timers: dict[str, Timer] = {}
         self._failed: OrderedDict[str, tuple[Address, float]] = OrderedDict()  # reconnect candidates
+        self._gossip_phase = 0.0
         self.running = False
         self.leaving = False
 
@@ -194,7 +195,9 @@ class Membership:
         self.running = True
         c = self.config
         self._schedule("probe", self._rng.uniform(0, c.probe_interval), self._probe_tick)
-        self._schedule("gossip", self._rng.uniform(0, c.gossip_interval), self._gossip_tick)
+        self._gossip_phase = self._rng.uniform(0, c.gossip_interval)
+        if self._queue:
+            self._arm_gossip()
         self._schedule("push_pull", self._rng.uniform(0.5, 1.0) * c.push_pull_every(self._live), self._push_pull_tick)
         self._schedule("reconnect", self._rng.uniform(0.5, 1.0) * c.reconnect_interval, self._reconnect_tick)
 
@@ -217,7 +220,7 @@ class Membership:
             return
         self.leaving = True
         self._dead_node(Dead(self._name, self.local.incarnation, self._name))
-        self._gossip_tick(reschedule=False)
+        self._gossip_round()
 
     def stop(self) -> None:
         """Go silent (no leave message): timers cancelled, input ignored."""
@@ -239,13 +242,19 @@ class Membership:
         """Spread an opaque user message to every member (epidemic: each receiver re-gossips it)."""
         message = User(key, self._name, payload)
         self._remember_user(key)
-        self._queue.queue("u:" + key, encode(message))
+        self._enqueue("u:" + key, encode(message), urgent=True)
 
     def add_known(self, members: Iterable[Member]) -> None:
         """Start with members already known alive (a restart's cached list, the simulator's steady state)."""
-        for member in members:
-            if member.name not in self._nodes:
-                self._add_node(member, State.ALIVE)
+        now = self._scheduler.now()
+        added = [m for m in members if m.name not in self._nodes]
+        for member in added:
+            self._nodes[member.name] = _Node(member, State.ALIVE, now)
+            self._probe_list.append(member.name)
+            self._live += 1
+        self._rng.shuffle(self._probe_list)
+        for member in added:
+            self._events.member_changed(MemberView(member, State.ALIVE, now), None)
 
     # --- input --------------------------------------------------------------------------------
 
@@ -353,6 +362,23 @@ class Membership:
         probe.timers.append(self._scheduler.call_later(timeout, lambda: self._probe_indirect(probe)))
         probe.timers.append(self._scheduler.call_later(probe.interval, lambda: self._probe_failed(probe)))
 
+    def _probe_next(self, name: str) -> None:
+        """Probe a member others suspect before anyone else: our verdict, over our own paths, is
+        the independent confirmation Lifeguard waits for (or a success that confirms nothing).
+        Only the order changes, so it costs no extra packets."""
+        try:
+            at = self._probe_list.index(name)
+        except ValueError:
+            return
+        if at < self._probe_index:
+            # Already probed this round: take the next slot, pushing the others back by one.
+            self._probe_list.pop(at)
+            self._probe_index -= 1
+            self._probe_list.insert(self._probe_index, name)
+        else:
+            self._probe_list[at], self._probe_list[self._probe_index] = (
+                self._probe_list[self._probe_index], self._probe_list[at])
+
     def _probe_indirect(self, probe: _Probe) -> None:
         if self._pending.get(probe.seq) is not probe:
             return
@@ -416,7 +442,7 @@ class Membership:
         node = self._nodes.get(name)
         if node is None:
             self._add_node(member, State.ALIVE)
-            self._queue.queue("m:" + name, encode(Alive(member)))
+            self._enqueue("m:" + name, encode(Alive(member)))
             return
         if name == self._name:
             # An alive about us that is not exactly ours (older record, or someone using our name): refute.
@@ -434,7 +460,7 @@ class Membership:
         suspicion = self._suspicions.pop(name, None)
         if suspicion is not None:
             suspicion.cancel()
-        self._queue.queue("m:" + name, encode(Alive(member)))
+        self._enqueue("m:" + name, encode(Alive(member)))
         self._set(node, State.ALIVE, member)
 
     def _suspect_node(self, message: Suspect) -> None:
@@ -446,7 +472,7 @@ class Membership:
         if suspicion is not None:
             # Another accuser: shortens the timer, and is worth telling others (Lifeguard).
             if suspicion.confirm(message.source):
-                self._queue.queue("m:" + message.node, encode(message))
+                self._enqueue("m:" + message.node, encode(message))
             return
         if node.state is not State.ALIVE:
             return
@@ -454,7 +480,7 @@ class Membership:
             self._refute(message.incarnation)
             return
         self.stats.suspicions += 1
-        self._queue.queue("m:" + message.node, encode(message))
+        self._enqueue("m:" + message.node, encode(message))
         self._set(node, State.SUSPECT, dataclasses.replace(node.member, incarnation=message.incarnation))
         n = self._live
         incarnation = message.incarnation
@@ -466,6 +492,8 @@ class Membership:
                 self.stats.deaths += 1
                 self._dead_node(Dead(message.node, incarnation, self._name))
 
+        if message.source != self._name:
+            self._probe_next(message.node)
         self._suspicions[message.node] = Suspicion(
             self._scheduler, accuser=message.source, minimum=self.config.suspicion_min(n),
             maximum=self.config.suspicion_max(n), expected=self.config.expected_confirmations(n),
@@ -483,7 +511,7 @@ class Membership:
         if message.node == self._name and not self.leaving:
             self._refute(message.incarnation)
             return
-        self._queue.queue("m:" + message.node, encode(message))
+        self._enqueue("m:" + message.node, encode(message), urgent=True)
         self._set(node, State.LEFT if message.is_leave else State.DEAD,
                   dataclasses.replace(node.member, incarnation=message.incarnation))
 
@@ -494,7 +522,7 @@ class Membership:
         node.member = member
         self.stats.refutations += 1
         self._awareness.apply(1)
-        self._queue.queue("m:" + self._name, encode(Alive(member)))
+        self._enqueue("m:" + self._name, encode(Alive(member)), urgent=True)
 
     def _merge(self, states: Sequence[MemberState]) -> None:
         for row in states:
@@ -538,7 +566,7 @@ class Membership:
         if message.key in self._seen_user:
             return
         self._remember_user(message.key)
-        self._queue.queue("u:" + message.key, encode(message))
+        self._enqueue("u:" + message.key, encode(message), urgent=True)
         self._events.user_message(message)
 
     def _remember_user(self, key: str) -> None:
@@ -548,9 +576,33 @@ class Membership:
 
     # --- gossip and push-pull --------------------------------------------------------------------
 
-    def _gossip_tick(self, reschedule: bool = True) -> None:
-        if reschedule:
+    def _enqueue(self, key: str, payload: bytes, *, urgent: bool = False) -> None:
+        """Queue news for gossip. Urgent news (a user broadcast, a death, our own refutation) starts
+        a gossip round now instead of at the next tick: the number of transmissions is the same,
+        but each hop then costs a network latency instead of up to a gossip interval."""
+        self._queue.queue(key, payload)
+        if urgent and self.running:
+            self._schedule("gossip", 0.0, self._gossip_tick)
+        else:
+            self._arm_gossip()
+
+    def _arm_gossip(self) -> None:
+        """The gossip timer runs only while something is queued (an idle cluster sends no gossip
+        anyway); it keeps this node's random phase within the interval."""
+        if "gossip" in self._timers or not self.running:
+            return
+        interval = self.config.gossip_interval
+        now = self._scheduler.now()
+        delay = (self._gossip_phase - now) % interval
+        self._schedule("gossip", delay, self._gossip_tick)
+
+    def _gossip_tick(self) -> None:
+        self._timers.pop("gossip", None)
+        self._gossip_round()
+        if self._queue:
             self._schedule("gossip", self.config.gossip_interval, self._gossip_tick)
+
+    def _gossip_round(self) -> None:
         if not self._queue:
             return
         now = self._scheduler.now()
@@ -597,17 +649,27 @@ class Membership:
 
     def _random_nodes(self, k: int, *, exclude: tuple[str, ...], live_only: bool,
                       recent: float | None = None) -> list[_Node]:
-        """Up to k distinct random members, by sampling (3k tries, as memberlist) instead of a scan."""
+        """Up to k distinct random eligible members: an exact sample in small clusters, random tries
+        (3N at most, as memberlist) in big ones so a gossip round does not scan the whole list."""
         names = self._probe_list
+
+        def eligible(name: str) -> _Node | None:
+            node = self._nodes.get(name)
+            if node is None or name in exclude:
+                return None
+            if node.state in _LIVE or (not live_only and recent is not None and node.since >= recent):
+                return node
+            return None
+
+        if len(names) <= 8 * k:
+            candidates = [node for name in names if (node := eligible(name)) is not None]
+            return self._rng.sample(candidates, min(k, len(candidates)))
         chosen: dict[str, _Node] = {}
-        for _ in range(3 * k):
-            if len(chosen) >= k or not names:
+        for _ in range(3 * len(names)):
+            if len(chosen) >= k:
                 break
             name = names[self._rng.randrange(len(names))]
-            node = self._nodes.get(name)
-            if node is None or name in exclude or name in chosen:
-                continue
-            if node.state in _LIVE or (not live_only and recent is not None and node.since >= recent):
+            if name not in chosen and (node := eligible(name)) is not None:
                 chosen[name] = node
         return list(chosen.values())
 

@@ -18,7 +18,7 @@ def test_presets_derive_from_base() -> None:
     assert w.indirect_checks == base().indirect_checks
 
 
-@pytest.mark.parametrize(("members", "minimum"), [(1, 1.5), (5, 1.5), (10, 1.5), (100, 3.0), (1000, 4.5)])
+@pytest.mark.parametrize(("members", "minimum"), [(1, 1.2), (5, 1.2), (10, 1.2), (100, 2.4), (1000, 3.6)])
 def test_suspicion_min_scales_with_log_n(members: int, minimum: float) -> None:
     config = GossipConfig()
     assert config.suspicion_min(members) == pytest.approx(minimum)
