@@ -224,6 +224,7 @@ class Agent:
         if self.settings.kubernetes:
             await self._kube_synced.wait()
         self.dns.set_health_known()
+        await self.dns.compiled()  # ready means the answers follow health
         self.ready.set()
         logger.info("ready: zone serial %s", self.dns.tables.serial if self.dns.tables else None)
         self.health.publish(self.region_view())

@@ -43,6 +43,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent.base.gc_pause import freeze_survivors, gc_paused
 from agent.state.model import (
     AllDownPolicy,
     Key,
@@ -253,6 +254,25 @@ def zone_changes(store: Store, data: ZoneData) -> list[tuple[Key, Value | None]]
     return items
 
 
+def diff_zone_data(old: ZoneData, new: ZoneData) -> list[tuple[Key, Value | None]]:
+    """The writes that turn ``old`` into ``new`` (:func:`zone_changes` without reading a store).
+
+    Pure, so the zone file watcher computes it off the loop; copy health is deleted for
+    the (project, region) pairs ``new`` no longer has.
+    """
+    items: list[tuple[Key, Value | None]] = []
+    items.extend((region_key(n), r) for n, r in new.regions.items() if old.regions.get(n) != r)
+    items.extend((project_key(s), p) for s, p in new.projects.items() if old.projects.get(s) != p)
+    items.extend((project_key(s), None) for s in old.projects.keys() - new.projects.keys())
+    items.extend((region_key(n), None) for n in old.regions.keys() - new.regions.keys())
+    for slug, project in old.projects.items():
+        now = new.projects.get(slug)
+        if now is None or now.regions != project.regions:
+            kept = () if now is None else now.regions
+            items.extend((copy_key(slug, r), None) for r in project.regions if r not in kept)
+    return items
+
+
 def apply_zone_data(store: Store, data: ZoneData) -> int:
     """Make the store's regions and projects equal the file's in one batch; returns keys changed."""
     return len(store.put_many(zone_changes(store, data)))
@@ -309,6 +329,7 @@ class ZoneFileWatcher:
         self._stamp: tuple[int, int, int] | None = None
         self._applied: str | None = None  # hash of the content the store holds
         self._refused: str | None = None  # hash of the last refused content: polls do not retry it
+        self._data: ZoneData | None = None  # what the store holds from the file (the watcher is its writer)
         self._wake = asyncio.Event()
         self.reloads = Counter("region_agent_zone_file_reloads", "Zone file reads applied", registry=registry)
         self.errors = Counter("region_agent_zone_file_errors", "Zone file reads refused (the old zone stays)",
@@ -391,16 +412,37 @@ class ZoneFileWatcher:
                             f"{self.settle} s apart", "unstable")
 
     async def _apply(self, content: FileContent, allowed: bool) -> None:
+        previous = self._data
+        if previous is not None and (self.store.projects.keys() != previous.projects.keys()
+                                     or self.store.regions.keys() != previous.regions.keys()):
+            previous = None  # someone else wrote regions or projects: compare with the store
         try:
-            data = await off_loop(parse_zone_bytes, content.data, str(self.path))
-            current = set(self.store.projects)
-            removed = check_removals(current, data, allowed=allowed, source=str(self.path))
+            data, removed, writes = await off_loop(self._prepare, content.data, previous, allowed)
+            if previous is None:
+                removed = check_removals(set(self.store.projects), data, allowed=allowed, source=str(self.path))
+                writes = zone_changes(self.store, data)
         except ZoneFileError:
             self._refused = content.digest
             raise
-        changed = apply_zone_data(self.store, data)
+        copies = self.store.copies
+        changed = len(self.store.put_many([(key, value) for key, value in writes
+                                           if value is not None or key[0] != "copy" or (key[1], key[2]) in copies]))
+        self._data = data
         self._applied, self._refused, self.problem = content.digest, None, None
         self.reloads.inc()
         self.last_success.set(time.time())
         logger.info("zone file %s: %d regions, %d projects (%d removed), %d keys changed", self.path,
                     len(data.regions), len(data.projects), removed, changed)
+
+    def _prepare(self, raw: bytes, previous: ZoneData | None,
+                 allowed: bool) -> tuple[ZoneData, int, list[tuple[Key, Value | None]]]:
+        """In the read thread: parse, and against the last applied data the removal check and the writes."""
+        with gc_paused():
+            data = parse_zone_bytes(raw, str(self.path))
+            # What the parse left alive is the new data: out of the collector's reach before
+            # collections resume, or the first one would scan all of it (see agent.base.gc_pause).
+            freeze_survivors()
+            if previous is None:
+                return data, 0, []
+            removed = check_removals(set(previous.projects), data, allowed=allowed, source=str(self.path))
+            return data, removed, diff_zone_data(previous, data)

@@ -14,6 +14,7 @@ lookup; only proximity answers are chosen per query, by the :class:`Locator`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -101,42 +102,91 @@ def compile_zone(
     every project not named in ``changed_projects`` is reused as compiled. A health flip
     then costs one project, not the whole zone (10,000 projects: ~0.7 s in full).
     """
-    report = report if report is not None else CompileReport()
-    apex = name_from_text(config.apex)
-    regions = dict(sorted(state.regions.items()))
-    basis = (config, health_known, locator, tuple(regions.items()))
-    infra = _compile_infrastructure(apex, regions, config, zone_serial(state))
-    incremental = previous is not None and changed_projects is not None and previous.basis == basis
-    if incremental:
-        assert previous is not None and changed_projects is not None
-        projects = dict(previous.projects)
-        nodes = dict(previous.nodes)
-        dirty: Collection[str] = changed_projects
-    else:
-        projects, nodes, dirty = {}, {}, state.projects.keys()
-    nodes.update(infra.nodes)
-    for slug in dirty:
-        old = projects.pop(slug, None)
+    build = ZoneBuild(state, config, health_known=health_known, locator=locator, report=report,
+                      previous=previous, changed_projects=changed_projects)
+    build.step()
+    return build.finish()
+
+
+class ZoneBuild:
+    """One compilation (see :func:`compile_zone`) done in steps, so a caller can yield between them.
+
+    The regions and settings are fixed when the build starts; each project is read from
+    ``state`` when its turn comes. A caller that lets the state change between steps must
+    compile again the projects changed meanwhile (the zone service does: they are in its
+    next changed set).
+    """
+
+    def __init__(
+        self,
+        state: StateView,
+        config: ZoneConfig,
+        *,
+        health_known: bool = True,
+        locator: Locator | None = None,
+        report: CompileReport | None = None,
+        previous: ZoneTables | None = None,
+        changed_projects: Collection[str] | None = None,
+    ) -> None:
+        self.report = report if report is not None else CompileReport()
+        self._state, self._config, self._health_known, self._locator = state, config, health_known, locator
+        self._apex = name_from_text(config.apex)
+        self._regions = dict(sorted(state.regions.items()))
+        self._basis = (config, health_known, locator, tuple(self._regions.items()))
+        self._infra = _compile_infrastructure(self._apex, self._regions, config, zone_serial(state))
+        if previous is not None and changed_projects is not None and previous.basis == self._basis:
+            self._projects = dict(previous.projects)
+            self._nodes = dict(previous.nodes)
+            dirty = list(changed_projects)
+        else:
+            self._projects, self._nodes, dirty = {}, {}, list(state.projects.keys())
+        self._nodes.update(self._infra.nodes)
+        self._dirty = iter(dirty)
+        self.compiled = 0  # projects compiled so far
+
+    def step(self, budget: float | None = None) -> bool:
+        """Compile projects for about ``budget`` seconds (None: all); True when none is left."""
+        if budget is None:
+            for slug in self._dirty:
+                self._compile(slug)
+            return True
+        deadline = time.perf_counter() + budget
+        for count, slug in enumerate(self._dirty, 1):
+            self._compile(slug)
+            if count % 16 == 0 and time.perf_counter() >= deadline:
+                return False
+        return True
+
+    def _compile(self, slug: str) -> None:
+        config, infra, report = self._config, self._infra, self.report
+        old = self._projects.pop(slug, None)
         if old is not None:
-            nodes.pop(old.owner, None)
-        project = state.projects.get(slug)
+            self._nodes.pop(old.owner, None)
+        project = self._state.projects.get(slug)
         if project is None:
-            continue
+            return
         owner = name_from_text(f"{slug}.{config.apex}")
         if owner in infra.nodes:
             report.problems.append(f"project {slug}: name {slug}.{config.apex} is taken by a name server")
-            continue
-        missing = [r for r in project.regions if r not in regions]
+            return
+        missing = [r for r in project.regions if r not in self._regions]
         if missing:
             report.problems.append(f"project {slug}: unknown region(s) {', '.join(missing)} left out")
-        compiled = _compile_project(owner, project, regions, state.copies, config, health_known, locator)
-        projects[slug] = compiled
-        nodes[owner] = compiled.node
-    negative = negative_reply_factory(infra.soa_at)
-    # Project names are one label below the apex, so only infrastructure names can leave
-    # empty non-terminals between themselves and the apex.
-    ents = _empty_nonterminals(infra.nodes, apex)
-    return ZoneTables(apex, infra.serial, nodes, ents, negative, infra.description, projects, basis)
+        compiled = _compile_project(owner, project, self._regions, self._state.copies, config, self._health_known,
+                                    self._locator)
+        self._projects[slug] = compiled
+        self._nodes[owner] = compiled.node
+        self.compiled += 1
+
+    def finish(self) -> ZoneTables:
+        """The tables (call once :meth:`step` returned True)."""
+        infra = self._infra
+        negative = negative_reply_factory(infra.soa_at)
+        # Project names are one label below the apex, so only infrastructure names can leave
+        # empty non-terminals between themselves and the apex.
+        ents = _empty_nonterminals(infra.nodes, self._apex)
+        return ZoneTables(self._apex, infra.serial, self._nodes, ents, negative, infra.description, self._projects,
+                          self._basis)
 
 
 @dataclass
@@ -307,4 +357,4 @@ def _text(wire: bytes) -> str:
     return name_to_text(wire).rstrip(".")
 
 
-__all__ = ["CompileReport", "ZoneConfig", "compile_zone", "ns_host", "zone_serial"]
+__all__ = ["CompileReport", "ZoneBuild", "ZoneConfig", "compile_zone", "ns_host", "zone_serial"]

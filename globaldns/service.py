@@ -13,14 +13,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from agent.base.gc_pause import freeze_survivors, gc_paused
 from agent.state.model import Kind, Region
 from agent.state.observations import Observations, ObservedState
 from agent.state.store import Entry, StateView, Store
 from globaldns.answer import Responder, ResponderLimits
-from globaldns.compiler import CompileReport, ZoneConfig, compile_zone
+from globaldns.compiler import CompileReport, ZoneBuild, ZoneConfig, compile_zone
 from globaldns.geoip import GeoDatabase, ProximityMap, Site
 from globaldns.metrics import DnsCounters, register
 from globaldns.rrl import RateLimiter, RrlConfig
@@ -29,6 +31,10 @@ from globaldns.settings import DnsSettings, RrlSettings
 from globaldns.tables import Locator, ZoneHolder, ZoneTables
 
 logger = logging.getLogger("region_agent.dns")
+# A compilation yields to the loop this often: a full recompile of 10,000 projects (a region
+# or GeoIP change) takes most of a second, and queries must not wait for it.
+COMPILE_SLICE_SECONDS = 0.01
+FREEZE_AFTER_PROJECTS = 1000
 
 
 def zone_config(settings: DnsSettings) -> ZoneConfig:
@@ -77,7 +83,7 @@ class ZoneService:
         self._geo_database: GeoDatabase | None = None
         self._sites: tuple[Site, ...] | None = None
         self._warm: asyncio.Task[None] | None = None
-        self._pending: asyncio.Handle | None = None
+        self._pending: asyncio.Task[None] | None = None  # a compilation running or about to
         self._changed_projects: set[str] | None = set()  # None: compile everything
         self.changed = asyncio.Event()  # set after every swap, for whoever publishes views
         store.subscribe(self._on_change)
@@ -89,9 +95,12 @@ class ZoneService:
         return self.holder.tables
 
     def set_health_known(self) -> None:
+        """Answer from health from now on (a full compilation; await :meth:`compiled` for it)."""
         if not self.health_known:
             self.health_known = True
-            self.rebuild()
+            self._changed_projects = None
+            if self.holder.tables is not None:  # before start(), start() compiles
+                self._schedule()
 
     def _on_change(self, entries: list[Entry]) -> None:
         if self._changed_projects is not None:
@@ -101,26 +110,59 @@ class ZoneService:
                 else:
                     self._changed_projects = None  # a region: the compiler redoes everything anyway
                     break
-        if self._pending is None:
-            self._pending = asyncio.get_running_loop().call_soon(self._rebuild_pending)
+        self._schedule()
 
     def _on_observation(self, copies: list[tuple[str, str]]) -> None:
         if self._changed_projects is not None:
             self._changed_projects.update(slug for slug, _region in copies)
-        if self._pending is None:
-            self._pending = asyncio.get_running_loop().call_soon(self._rebuild_pending)
+        self._schedule()
 
-    def _rebuild_pending(self) -> None:
-        self._pending = None
-        self.rebuild()
+    def _schedule(self) -> None:
+        """Compile on the next loop turn, so a burst of changes costs one compilation."""
+        if self._pending is None:
+            self._pending = asyncio.get_running_loop().create_task(self._compile_pending(), name="zone compile")
+
+    async def _compile_pending(self) -> None:
+        """Compile in slices of ``COMPILE_SLICE_SECONDS`` until no change is left.
+
+        Between slices the loop answers queries from the previous tables; changes that
+        arrive meanwhile are compiled by the next round (a region change: all of them).
+        """
+        compiled = 0
+        try:
+            with gc_paused():  # no full collection in the middle of a slice (see agent.base.gc_pause)
+                while self._changed_projects is None or self._changed_projects:
+                    changed, self._changed_projects = self._changed_projects, set()
+                    self._refresh_locator(self.store.regions)
+                    report = CompileReport()
+                    build = ZoneBuild(self.view, self.config, health_known=self.health_known, locator=self.locator,
+                                      report=report, previous=self.holder.tables, changed_projects=changed)
+                    while not build.step(COMPILE_SLICE_SECONDS):  # noqa: ASYNC110 - not waiting: slicing
+                        await asyncio.sleep(0)  # one loop turn for the queries waiting
+                    previous = _contents(self.holder.tables) if build.compiled >= FREEZE_AFTER_PROJECTS else []
+                    self._install(build.finish(), report)
+                    compiled += build.compiled
+                    await _release_in_slices(previous)
+                if compiled >= FREEZE_AFTER_PROJECTS:
+                    freeze_survivors()  # the new tables: no later collection needs to scan them
+        finally:
+            self._pending = None
+
+    async def compiled(self) -> None:
+        """Return once every change so far is in the tables being answered."""
+        while self._pending is not None:
+            await asyncio.shield(self._pending)
 
     def rebuild(self) -> None:
-        """Compile the zone from the store now (only the projects changed since the last time)."""
+        """Compile the zone from the store now, in one go (at start, before the sockets open)."""
         changed, self._changed_projects = self._changed_projects, set()
         self._refresh_locator(self.store.regions)
         report = CompileReport()
         tables = compile_zone(self.view, self.config, health_known=self.health_known, locator=self.locator,
                               report=report, previous=self.holder.tables, changed_projects=changed)
+        self._install(tables, report)
+
+    def _install(self, tables: ZoneTables, report: CompileReport) -> None:
         for problem in report.problems:
             logger.warning("zone: %s", problem)
         self.counters.zone_errors += len(report.problems)
@@ -158,13 +200,35 @@ class ZoneService:
 
     async def stop(self) -> None:
         if self._pending is not None:
-            self._pending.cancel()  # no compilation after the service has stopped
-            self._pending = None
+            pending, self._pending = self._pending, None
+            pending.cancel()  # no compilation after the service has stopped
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
         if self._warm is not None:
             self._warm.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._warm
         await self.server.stop()
+
+
+def _contents(tables: ZoneTables | None) -> list[dict[Any, Any]]:
+    """Copies of the big maps of ``tables``: holding them, dropping the tables frees next to nothing."""
+    return [] if tables is None else [dict(tables.nodes), dict(tables.projects)]
+
+
+async def _release_in_slices(maps: list[dict[Any, Any]]) -> None:
+    """Drop the previous tables' contents a slice at a time.
+
+    Freeing 10,000 compiled projects in one go (the last reference to replaced tables going
+    away) holds the loop ~40 ms; what the new tables share with the old stays alive anyway.
+    """
+    for contents in maps:
+        while contents:
+            deadline = time.perf_counter() + COMPILE_SLICE_SECONDS
+            while contents and time.perf_counter() < deadline:
+                for _ in range(min(256, len(contents))):
+                    contents.popitem()
+            await asyncio.sleep(0)
 
 
 async def _warm(proximity: ProximityMap) -> None:

@@ -208,13 +208,16 @@ def copy_key(slug: str, region: str) -> Key:
     return (Kind.COPY.value, slug, region)
 
 
+_SHAPES: dict[str, tuple[Kind, int]] = {Kind.REGION.value: (Kind.REGION, 2), Kind.PROJECT.value: (Kind.PROJECT, 2),
+                                         Kind.COPY.value: (Kind.COPY, 3)}
+
+
 def check_key(key: Key) -> Kind:
     """Validate the shape of a key (keys arrive from peers) and return its kind."""
     try:
-        kind = Kind(key[0])
-    except (ValueError, IndexError) as exc:
+        kind, arity = _SHAPES[key[0]]
+    except (KeyError, IndexError, TypeError) as exc:
         raise ModelError(f"unknown key {key!r}") from exc
-    arity = {Kind.REGION: 2, Kind.PROJECT: 2, Kind.COPY: 3}[kind]
     if len(key) != arity or not all(isinstance(part, str) for part in key):
         raise ModelError(f"key {key!r} must be {arity} strings")
     return kind

@@ -207,6 +207,7 @@ class Store:
         self.tombstone_ttl_ms = int(tombstone_ttl * 1000)
         self.metrics = StoreMetrics(registry if registry is not None else CollectorRegistry())
         self._entries: dict[Key, Entry] = {}
+        self._hashes: dict[Key, tuple[int, int]] = {}  # key -> (bucket, hash of its entry), for the digest
         self._tombstones: dict[Key, Entry] = {}
         self._bucket_sums = [0] * BUCKETS
         self._listeners: list[Listener] = []
@@ -289,10 +290,11 @@ class Store:
         new version (no churn in gossip or the zone).
         """
         batch: dict[Key, Value | None] = {}
+        writer = self.writer
         for key, value in items:
             check_key(key)
-            if not may_write(self.writer, key):
-                raise OwnershipError(f"writer {self.writer} does not own {key!r}")
+            if not may_write(writer, key):
+                raise OwnershipError(f"writer {writer} does not own {key!r}")
             if value is not None and not value_matches(key, value):
                 raise ModelError(f"{type(value).__name__} is not a record for {key!r}")
             batch[key] = value
@@ -357,7 +359,8 @@ class Store:
         for entry in old:
             del self._entries[entry.key]
             del self._tombstones[entry.key]
-            self._adjust(entry, -1)
+            bucket, digest = self._hashes.pop(entry.key)
+            self._bucket_sums[bucket] = (self._bucket_sums[bucket] - digest) % _MOD
         self.metrics.expired.inc(len(old))
         self.metrics.tombstones.set(len(self._tombstones))
         return len(old)
@@ -374,15 +377,19 @@ class Store:
             listener(changed)
 
     def _apply(self, entry: Entry) -> None:
-        current = self._entries.get(entry.key)
-        if current is not None:
-            self._adjust(current, -1)
-        self._entries[entry.key] = entry
+        key = entry.key
+        current = self._entries.get(key)
+        known = self._hashes.get(key)
+        bucket = bucket_of(key) if known is None else known[0]
+        digest = _entry_hash(entry)
+        total = self._bucket_sums[bucket] + digest - (0 if known is None else known[1])
+        self._bucket_sums[bucket] = total % _MOD
+        self._hashes[key] = (bucket, digest)
+        self._entries[key] = entry
         if entry.value is None:
             self._tombstones[entry.key] = entry
         elif current is not None and current.value is None:
             del self._tombstones[entry.key]
-        self._adjust(entry, +1)
         self._index(entry)
         self._newest_hlc = max(self._newest_hlc, entry.version.hlc)
 
@@ -395,9 +402,6 @@ class Store:
         else:
             _set_or_pop(self._copies, (key[1], key[2]), value)
 
-    def _adjust(self, entry: Entry, sign: int) -> None:
-        bucket = bucket_of(entry.key)
-        self._bucket_sums[bucket] = (self._bucket_sums[bucket] + sign * _entry_hash(entry)) % _MOD
 
 
 def _set_or_pop(index: dict[Any, Any], key: Any, value: Value | None) -> None:
