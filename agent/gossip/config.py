@@ -65,7 +65,8 @@ class GossipConfig:
     reconnect_interval: float = 10.0
     """Seconds between two push-pulls with a random member this node believes failed (not left),
     as Serf's reconnect does: after a partition heals the two sides find each other again even
-    when each declared the other dead and forgot it."""
+    when each declared the other dead and forgot it. Scaled like the push-pull interval, since
+    each one carries the whole member list."""
 
     reconnect_timeout: float = 24 * 3600.0
     """Seconds a failed member is still tried by reconnect (Serf's default), at most
@@ -121,10 +122,15 @@ class GossipConfig:
     def retransmit_limit(self, members: int) -> int:
         return self.retransmit_mult * math.ceil(math.log10(members + 1))
 
+    def sync_scale(self, members: int) -> int:
+        """How much rarer full syncs get in big clusters: ``ceil(log2(N) - log2(32)) + 1`` above 32."""
+        return 1 if members <= 32 else math.ceil(math.log2(members) - math.log2(32)) + 1
+
     def push_pull_every(self, members: int) -> float:
-        if members <= 32:
-            return self.push_pull_interval
-        return self.push_pull_interval * (math.ceil(math.log2(members) - math.log2(32)) + 1)
+        return self.push_pull_interval * self.sync_scale(members)
+
+    def reconnect_every(self, members: int) -> float:
+        return self.reconnect_interval * self.sync_scale(members)
 
 
 def suspicion_timeout(minimum: float, maximum: float, confirmations: int, expected: int) -> float:

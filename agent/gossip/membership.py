@@ -199,7 +199,7 @@ class Membership:
         if self._queue:
             self._arm_gossip()
         self._schedule("push_pull", self._rng.uniform(0.5, 1.0) * c.push_pull_every(self._live), self._push_pull_tick)
-        self._schedule("reconnect", self._rng.uniform(0.5, 1.0) * c.reconnect_interval, self._reconnect_tick)
+        self._schedule("reconnect", self._rng.uniform(0.5, 1.0) * c.reconnect_every(self._live), self._reconnect_tick)
 
     def join(self, seeds: Iterable[Address]) -> int:
         """Push-pull with every seed, then again with random members after ``join_sync_delays``.
@@ -631,7 +631,7 @@ class Membership:
     def _reconnect_tick(self) -> None:
         """Push-pull with one member we believe failed: if it is back (or was only cut off), both
         sides learn the other's view, refute what is wrong and meet again."""
-        self._schedule("reconnect", self.config.reconnect_interval, self._reconnect_tick)
+        self._schedule("reconnect", self.config.reconnect_every(self._live), self._reconnect_tick)
         horizon = self._scheduler.now() - self.config.reconnect_timeout
         while self._failed and next(iter(self._failed.values()))[1] < horizon:
             self._failed.popitem(last=False)

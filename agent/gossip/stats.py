@@ -11,7 +11,7 @@ class GossipStats:
     probes: int = 0                 # probes this node started
     probe_failures: int = 0         # probes that got no ack, direct or indirect
     indirect_probes: int = 0        # ping-reqs this node sent
-    suspicions: int = 0             # members this node started to suspect
+    suspicions: int = 0             # alive -> suspect transitions here (own probes and gossip alike)
     refutations: int = 0            # times this node refuted a suspicion or death of itself
     deaths: int = 0                 # members this node declared dead (its own timer)
     push_pulls: int = 0             # push-pull exchanges this node started (periodic and after a join)

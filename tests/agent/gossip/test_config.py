@@ -51,6 +51,7 @@ def test_push_pull_interval_grows_for_big_clusters() -> None:
     assert config.push_pull_every(32) == 30.0
     assert config.push_pull_every(64) == 60.0
     assert config.push_pull_every(1000) == 30.0 * 6
+    assert config.reconnect_every(1000) == config.reconnect_interval * 6
 
 
 @pytest.mark.parametrize("change", [{"probe_timeout": 0.6}, {"probe_interval": 0.0}, {"indirect_checks": 0},
