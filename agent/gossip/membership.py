@@ -275,7 +275,8 @@ class Membership:
                 self.stats.received(message_type(single).name.lower(), len(raw))
         else:
             self.stats.received(message_type(message).name.lower(), len(data))
-        for single in singles:
+        # Pings last, so that the ack carries whatever the rest of the packet made us say.
+        for single in sorted(singles, key=lambda m: isinstance(m, Ping)):
             self._handle(single, source)
 
     def receive_stream(self, data: bytes, source: Address) -> None:
@@ -467,6 +468,7 @@ class Membership:
         node = self._nodes.get(message.node)
         # Unknown member, or news older than what we know: ignore.
         if node is None or message.incarnation < node.member.incarnation:
+            self._remind_if_about_us(message.node)
             return
         suspicion = self._suspicions.get(message.node)
         if suspicion is not None:
@@ -502,6 +504,7 @@ class Membership:
     def _dead_node(self, message: Dead) -> None:
         node = self._nodes.get(message.node)
         if node is None or message.incarnation < node.member.incarnation:
+            self._remind_if_about_us(message.node)
             return
         suspicion = self._suspicions.pop(message.node, None)
         if suspicion is not None:
@@ -514,6 +517,13 @@ class Membership:
         self._enqueue("m:" + message.node, encode(message), urgent=True)
         self._set(node, State.LEFT if message.is_leave else State.DEAD,
                   dataclasses.replace(node.member, incarnation=message.incarnation))
+
+    def _remind_if_about_us(self, name: str) -> None:
+        """Someone still repeats an accusation we already refuted: queue our current alive again
+        (no new incarnation). A suspector's ping carries its suspicion, so our ack carries the
+        answer straight back, instead of hoping the refutation's epidemic reached it."""
+        if name == self._name and not self.leaving:
+            self._enqueue("m:" + self._name, encode(Alive(self.local)))
 
     def _refute(self, accused: int) -> None:
         """Someone thinks we are suspect or dead at incarnation ``accused``: outbid it."""

@@ -351,6 +351,18 @@ def test_accusation_of_ourselves_is_refuted(accusation: Suspect | Dead) -> None:
     assert alive and alive[0].member.incarnation == accusation.incarnation + 1
 
 
+def test_stale_accusation_is_answered_with_our_alive_on_the_ack() -> None:
+    r = rig()
+    r.feed(Suspect("sfo1/n1", 1, "sfo1/n2"))
+    r.clock.run_for(10.0)  # the refutation (incarnation 2) has been gossiped to its limit
+    r.wire.clear()
+    # n3 missed it: its probe still carries the old suspicion. The ack answers it.
+    r.feed(Ping(5, "sfo1/n1", "sfo1/n3"), Suspect("sfo1/n1", 1, "sfo1/n3"), source=3)
+    (ack_packet,) = [parts for addr, parts in r.wire.packets if any(isinstance(m, Ack) for m in parts)]
+    assert Alive(r.node.local) in ack_packet
+    assert r.node.local.incarnation == 2 and r.node.stats.refutations == 1  # a reminder, not a new refutation
+
+
 def test_suspect_probe_carries_the_suspicion_to_the_suspect() -> None:
     r = rig(peers=1, silent=(2,))
     r.feed(Suspect("sfo1/n2", 1, "sfo1/n3"))
