@@ -128,6 +128,8 @@ class ListenerMetrics(Collector):
             for (kind, status), n in sorted(stats._counts.items()):
                 requests.add_metric([name, kind, str(status)], n)
             for kind in KINDS:
+                if not any(stats._buckets[kind]):
+                    continue  # a kind this listener never answered (the public one serves no /metrics)
                 cumulative = 0
                 buckets: list[tuple[str, float]] = []
                 for bound, n in zip((*map(repr, LATENCY_BOUNDS), "+Inf"), stats._buckets[kind], strict=True):
