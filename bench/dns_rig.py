@@ -296,7 +296,7 @@ zone_file: zone.yaml
 log_level: warning
 dns: {{zone: {ZONE}, listen_addresses: [127.0.0.1], port: {port}}}
 checks: {{host: {CHECK_HOST}, port: {health_port}, interval: {interval}, timeout: {timeout}}}
-health: {{listen_addresses: [127.0.0.1], port: {metrics_port}}}
+health: {{listen_addresses: [127.0.0.1], port: {metrics_port}, operator_port: 0}}
 """, encoding="utf-8")
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
     full_env.update(env or {})
