@@ -19,7 +19,7 @@ check period, flips the primary (503 ``down``; back to ``ok`` for recovery) and 
 
 Polls run on a 100 ms grid that starts at a random offset after each flip (a grid anchored
 at the flip would be phase-locked to the check cycle and hide the poll lag); each poll is one
-``dig +short`` process (~10-25 ms), and "the new answer" is timed when that dig returns.
+``dig +short`` process, and "the new answer" is timed when that dig returns.
 
 Model: total ~= (period - phase) + recheck_delay (0.1 s, agent only) + check time + poll lag
 (0-100 ms + one dig), so over evenly spread phases the median is ~ interval/2 + 0.1 s + ~0.07 s

@@ -3,7 +3,7 @@
 This is a hot path (DNS servers and monitors of every region poll it), so it is built on
 aiohttp's low-level ``web.Server`` + ``ServerRunner`` instead of an ``Application``: one
 handler dispatching on a handful of fixed paths skips the router, middlewares and signals
-(measured here: ~36k vs ~31k requests/s for a bare handler under ``wrk -t1 -c50``). The
+(``bench/health_listener.py`` measures both, modes ``bare`` and ``bare-app``). The
 answers come from :mod:`health.views` (pure); per request the listener only reads the
 source, validates or makes a request id, builds a small header dict and counts into plain
 ints (:mod:`health.metrics`). aiohttp's access log is off; :mod:`health.access_log` decides

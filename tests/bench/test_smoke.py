@@ -120,7 +120,7 @@ CHECKS: dict[str, Callable[[Lines], None]] = {
     "proximity_eval": _proximity_eval,
 }
 TOOLS = {"health_listener": ("wrk",), "failover": ("dig", "pdns_server")}
-PARALLEL = 3  # benches at once: most of a smoke run is waiting (for a check, a clock, a process to start)
+PARALLEL = 4  # benches at once: most of a smoke run is waiting (for a check, a clock, a process to start)
 
 
 @dataclass
