@@ -130,6 +130,8 @@ class ZoneService:
         """
         compiled = 0
         try:
+            # Not in the loop turn of the write that asked for it: that turn has done its share.
+            await asyncio.sleep(0)
             with gc_paused():  # no full collection in the middle of a slice (see agent.base.gc_pause)
                 while self._changed_projects is None or self._changed_projects:
                     changed, self._changed_projects = self._changed_projects, set()
