@@ -364,8 +364,9 @@ class Membership:
         probe.timers.append(self._scheduler.call_later(probe.interval, lambda: self._probe_failed(probe)))
 
     def _probe_next(self, name: str) -> None:
-        """Probe a member others suspect before anyone else: our verdict, over our own paths, is
-        the independent confirmation Lifeguard waits for (or a success that confirms nothing).
+        """Probe a suspect before anyone else. If it is dead, our failed probe is the independent
+        confirmation Lifeguard waits for; if it is alive, our ping carries the suspicion and its ack
+        carries the refutation back to us, whether or not the refutation's gossip ever reaches us.
         Only the order changes, so it costs no extra packets."""
         try:
             at = self._probe_list.index(name)
@@ -494,8 +495,7 @@ class Membership:
                 self.stats.deaths += 1
                 self._dead_node(Dead(message.node, incarnation, self._name))
 
-        if message.source != self._name:
-            self._probe_next(message.node)
+        self._probe_next(message.node)
         self._suspicions[message.node] = Suspicion(
             self._scheduler, accuser=message.source, minimum=self.config.suspicion_min(n),
             maximum=self.config.suspicion_max(n), expected=self.config.expected_confirmations(n),
