@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import dns.exception
+import dns.flags
 import dns.message
 import dns.name
 import dns.rcode
@@ -135,6 +136,7 @@ def verify(wire: bytes, keyring: Keyring) -> Verified:
         return Verified(_unverified(wire), Verdict.BADSIG)
     except (dns.exception.DNSException, ValueError, struct.error, IndexError) as exc:
         raise UnparseableError(str(exc) or type(exc).__name__) from None
+    _must_be_request(message)
     if message.tsig is None:
         return Verified(message, Verdict.UNSIGNED)
     return Verified(message, Verdict.OK, _known(keyring, message))
@@ -146,9 +148,17 @@ def _known(keyring: Keyring, message: dns.message.Message) -> dns.tsig.Key | Non
 
 def _unverified(wire: bytes) -> dns.message.Message:
     try:
-        return dns.message.from_wire(wire, keyring=False)
+        message = dns.message.from_wire(wire, keyring=False)
     except (dns.exception.DNSException, ValueError, struct.error, IndexError) as exc:
         raise UnparseableError(str(exc) or type(exc).__name__) from None
+    _must_be_request(message)
+    return message
+
+
+def _must_be_request(message: dns.message.Message) -> None:
+    """A response (QR set) is never answered: answering answers invites loops and reflection."""
+    if message.flags & dns.flags.QR:
+        raise UnparseableError("a response, not a request")
 
 
 def respond(verified: Verified, rcode: int, *, now: int | None = None) -> bytes:

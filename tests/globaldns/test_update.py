@@ -252,3 +252,12 @@ def test_fuzzed_updates_never_raise_anything_else(prefix: bytes, cut: int, junk:
         if verified.message.opcode() == dns.opcode.UPDATE:
             plan_update(verified.message, APEX, {})
         respond(verified, dns.rcode.NOTAUTH)
+
+
+def test_a_response_is_never_answered() -> None:
+    from globaldns.tsig import UnparseableError
+
+    wire = bytearray(_signed(_with_add()))
+    wire[2] |= 0x80  # QR: this is a response
+    with pytest.raises(UnparseableError, match="a response"):
+        verify(bytes(wire), KEYRING)
