@@ -280,6 +280,7 @@ class PushPull:
         _check(_typed(self.join, bool) and _typed(self.reply, bool), "bad push-pull flags")
         _check(_typed(self.states, tuple) and len(self.states) <= MAX_MEMBERS, "bad push-pull states")
         _check(all(_typed(s, MemberState) for s in self.states), "bad push-pull state")
+        _check(len({s.member.name for s in self.states}) == len(self.states), "a member twice in a push-pull")
 
 
 Single = Ping | PingReq | Ack | Nack | Suspect | Alive | Dead | User

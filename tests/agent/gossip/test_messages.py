@@ -109,6 +109,7 @@ def test_compound_may_not_nest() -> None:
     lambda: Address("::zz", 1),
     lambda: Ping(True, "a", "b"),
     lambda: User("k", "sfo1/a", b"x" * (MAX_USER_PAYLOAD + 1)),
+    lambda: PushPull(False, False, (MemberState(MEMBER, State.ALIVE), MemberState(MEMBER, State.DEAD))),
 ])
 def test_invalid_values_refused_at_construction(build: Callable[[], object]) -> None:
     with pytest.raises(MessageError):
