@@ -1,9 +1,11 @@
 """What every bench shares: the results file, the tool versions and background load it records,
-and the one way to start PowerDNS, the agent, fake copies and ``wrk``.
+and starting PowerDNS on any zone, the agent on any zone file, groups of fake copies and ``wrk``
+(the benches and ``tests/globaldns/test_pdns_differential.py``).
 
 Processes are started through :class:`dns_rig.Procs` (stopped by PID when the bench ends, also on
 SIGTERM) and fake copies through :func:`dns_rig.start_endpoint`; this module builds on them and
-on nothing beyond 127.0.0.0/8.
+on nothing beyond 127.0.0.0/8. (``dns_rig.start_pdns`` and ``dns_rig.start_agent``, the anchor's
+zone only, still write their own copy of the same configuration.)
 
 **Results file** (JSON lines), written by :class:`Results` and named at the end of every run::
 
