@@ -116,7 +116,7 @@ class HealthSettings(BaseModel):
         ),
     )
     max_connections: int = Field(
-        default=512,
+        default=256,
         ge=1,
         description=(
             "Open connections per listener. A new connection beyond it closes the connection that "
