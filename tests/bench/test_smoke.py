@@ -112,14 +112,30 @@ def _proximity_eval(lines: Lines) -> None:
     assert {"database", "warm", "memory", "scope_proofs"} <= {line["name"] for line in lines}
 
 
+def _dns_throughput(lines: Lines) -> None:
+    runs = [line for line in lines if line["name"].startswith("run ")]
+    labels = {line["label"] for line in runs}
+    assert {"pdns-static", "pdns-lua-shared", "pdns-lua-yes", "agent", "agent-0x20", "agent-nomemo-0x20",
+            "pdns-random", "agent-random", "agent-random-hot"} <= labels
+    for line in runs:
+        assert line["completed"] > 0 and line["dnsperf_exit"] == 0, line["label"]
+        _number(line["qps"])
+        _number(line["us_per_query"])
+    hot = [line for line in runs if line["label"] == "agent-random-hot"]
+    assert all(line["memo_hits"] > 0 for line in hot), "the hot name was never served from the memo"
+    assert any(line["name"].startswith("ratio ") for line in lines)
+
+
 CHECKS: dict[str, Callable[[Lines], None]] = {
+    "dns_throughput": _dns_throughput,
     "health_listener": _health_listener,
     "failover": _failover,
     "kube_list": _kube_list,
     "usage_churn": _usage_churn,
     "proximity_eval": _proximity_eval,
 }
-TOOLS = {"health_listener": ("wrk",), "failover": ("dig", "pdns_server")}
+TOOLS = {"health_listener": ("wrk",), "failover": ("dig", "pdns_server"),
+         "dns_throughput": ("dig", "pdns_server", "dnsperf")}
 PARALLEL = 4  # benches at once: most of a smoke run is waiting (for a check, a clock, a process to start)
 # The longest smoke runs start first, so the shorter ones fill in beside them (a hint, not a rule).
 LONGEST_FIRST = ("operator_scrape", "dns_tcp_abuse", "failover", "health_listener", "dns_throughput")
