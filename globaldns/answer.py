@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from globaldns.memo import Entry, ResponseMemo, memo_key, memoisable
@@ -167,6 +168,8 @@ class Responder:
         self.limits = limits or ResponderLimits()
         self.rrl = rrl
         self._memo_on = self.limits.memo_entries > 0  # off: not even another Responder's memo is read
+        # RFC 2136 UPDATE (opcode 5), when ACME challenges are on (``globaldns.acme``); else NOTIMP
+        self.updates: Callable[[bytes, str | None], bytes | None] | None = None
         self._sample_mask = max(1, self.limits.latency_sample) - 1
         self._queries = 0
 
@@ -177,8 +180,7 @@ class Responder:
         if tables is None:
             return self._unready(data, tcp=tcp)
         memo = (tables.tcp_response_memo if tcp else tables.response_memo) if self._memo_on else None
-        end = data.find(0, 12)
-        if memo is not None and end > 0:
+        if memo is not None and (end := data.find(0, 12)) > 0:  # a name without its zero octet: malformed
             key = data[2:end].lower() + data[end:]  # memo_key and the splice below, inlined: the hot path
             entry = memo.main.get(key) or memo.promote(key)
             if entry is not None:
@@ -202,6 +204,8 @@ class Responder:
 
     def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables) -> bytes | None:
         """Everything but a memo hit: parse, answer, rate-limit, render, maybe memoise."""
+        if self.updates is not None and len(data) > 2 and data[2] & 0x78 == 0x28:  # opcode 5: UPDATE
+            return self.updates(data, source)
         try:
             query = parse_query(data)
         except MessageError as error:
