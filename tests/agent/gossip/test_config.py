@@ -12,8 +12,9 @@ from agent.gossip.config import GossipConfig, base, lan, suspicion_timeout, wan
 def test_presets_derive_from_base() -> None:
     assert lan() == base()
     w = wan()
-    assert w.probe_interval == 4 * base().probe_interval
-    assert w.suspicion_mult == base().suspicion_mult + 2
+    assert w.probe_interval == 5 * base().probe_interval
+    assert w.probe_interval >= 2 * w.probe_timeout
+    assert w.suspicion_mult == base().suspicion_mult + 1
     assert w.gossip_nodes == base().gossip_nodes + 1
     assert w.indirect_checks == base().indirect_checks
 
@@ -54,8 +55,8 @@ def test_push_pull_interval_grows_for_big_clusters() -> None:
     assert config.reconnect_every(1000) == config.reconnect_interval * 6
 
 
-@pytest.mark.parametrize("change", [{"probe_timeout": 0.6}, {"probe_interval": 0.0}, {"indirect_checks": 0},
-                                    {"packet_bytes": 100}])
+@pytest.mark.parametrize("change", [{"probe_timeout": 0.6}, {"probe_timeout": 0.3}, {"probe_interval": 0.0},
+                                    {"indirect_checks": 0}, {"packet_bytes": 100}])
 def test_invalid_config_refused(change: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         GossipConfig(**change)  # type: ignore[arg-type]
