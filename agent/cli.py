@@ -19,6 +19,7 @@ from agent.base.logs import setup_logging
 from agent.settings import AgentSettings, SettingsError, load_settings
 from agent.zonefile import ZoneFileError
 from globaldns.server import BindError
+from globaldns.tsig import TsigConfigError
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "agent.yaml"
 
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (SettingsError, ZoneFileError, BindError) as exc:  # BindError: a DNS port in use, an address not ours
+    # BindError: a DNS port in use, an address not ours; TsigConfigError: an unusable TSIG key
+    except (SettingsError, ZoneFileError, BindError, TsigConfigError) as exc:
         print(f"region-agent: {exc}", file=sys.stderr)
         return 2
 

@@ -160,6 +160,8 @@ class Agent:
         self._spawn(self.checker.run, "health checks")
         self._spawn(self._publish_views, "view publisher")
         self._spawn(self._publish_problems, "problem publisher")
+        if self.dns.acme is not None:
+            self._spawn(self.dns.acme.run_sweeper, "acme challenge sweeper")
         self._spawn(self._become_ready, "readiness")
         self._spawn(self._sweep_tombstones, "tombstone expiry")
         if self.zone_file is not None:

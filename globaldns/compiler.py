@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent.state.hlc import physical_ms
-from agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region
+from agent.state.model import AllDownPolicy, Challenge, CopyHealth, Mode, Project, Region
 from agent.state.store import StateView
 from globaldns.records import (
     EMPTY,
@@ -30,6 +30,7 @@ from globaldns.records import (
     rfc8482_hinfo,
     soa_record,
     suffix_offsets,
+    txt_records,
 )
 from globaldns.selection import Outcome, Selection, all_down, ifurlup
 from globaldns.tables import (
@@ -41,7 +42,7 @@ from globaldns.tables import (
     ZoneTables,
     negative_reply_factory,
 )
-from globaldns.wire import AAAA, NOERROR, NS, SERVFAIL, SOA, A, name_from_text, name_to_text
+from globaldns.wire import AAAA, NOERROR, NS, SERVFAIL, SOA, TXT, A, name_from_text, name_to_text
 
 FAMILIES = ((A, 4), (AAAA, 6))
 
@@ -137,10 +138,14 @@ class ZoneBuild:
         if previous is not None and changed_projects is not None and previous.basis == self._basis:
             self._projects = dict(previous.projects)
             self._nodes = dict(previous.nodes)
+            for owner in previous.challenge_owners:
+                self._nodes.pop(owner, None)
             dirty = list(changed_projects)
         else:
             self._projects, self._nodes, dirty = {}, {}, list(state.projects.keys())
         self._nodes.update(self._infra.nodes)
+        self._challenges = _challenge_nodes(self._apex, state.challenges, config, self._infra.nodes)
+        self._nodes.update(self._challenges)
         self._dirty = iter(dirty)
         self.compiled = 0  # projects compiled so far
 
@@ -182,11 +187,12 @@ class ZoneBuild:
         """The tables (call once :meth:`step` returned True)."""
         infra = self._infra
         negative = negative_reply_factory(infra.soa_at)
-        # Project names are one label below the apex, so only infrastructure names can leave
-        # empty non-terminals between themselves and the apex.
-        ents = _empty_nonterminals(infra.nodes, self._apex)
-        return ZoneTables(self._apex, infra.serial, self._nodes, ents, negative, infra.description, self._projects,
-                          self._basis)
+        # Project names are one label below the apex, so only infrastructure and challenge
+        # names can leave empty non-terminals between themselves and the apex.
+        ents = _empty_nonterminals([*infra.nodes, *self._challenges], self._apex) - self._nodes.keys()
+        description = (*infra.description, *_challenge_description(self._state.challenges))
+        return ZoneTables(self._apex, infra.serial, self._nodes, ents, negative, description, self._projects,
+                          self._basis, challenge_owners=frozenset(self._challenges))
 
 
 @dataclass
@@ -235,6 +241,25 @@ def _compile_infrastructure(apex: bytes, regions: Mapping[str, Region], config: 
         description.append({"name": _text(host), "type": "NS glue",
                             "addresses": list(region.ns_ipv4 + region.ns_ipv6)})
     return _Infrastructure(serial, nodes, soa_at, tuple(description))
+
+
+def _challenge_nodes(apex: bytes, challenges: Mapping[str, Mapping[bytes, Challenge]], config: ZoneConfig,
+                     taken: Mapping[bytes, Node]) -> dict[bytes, Node]:
+    """One node per name holding ACME challenge TXT records (their other types: NODATA)."""
+    nodes: dict[bytes, Node] = {}
+    for name, values in challenges.items():
+        owner = name_from_text(name)
+        if owner in taken or not owner.endswith(apex):
+            continue  # the update policy never lets this happen; a peer's entry might
+        records = txt_records(owner, [(c.rdata, c.ttl) for c in values.values()], suffix_offsets(owner))
+        nodes[owner] = _node(owner, {TXT: Reply(NOERROR, aa=True, answer=records)}, config)
+    return nodes
+
+
+def _challenge_description(challenges: Mapping[str, Mapping[bytes, Challenge]]) -> list[dict[str, object]]:
+    return [{"name": name.rstrip("."), "type": "TXT", "values": len(values),
+             "ttl": sorted({c.ttl for c in values.values()}),
+             "expires_at": min(c.expires_at for c in values.values())} for name, values in sorted(challenges.items())]
 
 
 def _node(owner: bytes, replies: dict[int, Reply], config: ZoneConfig,

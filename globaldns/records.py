@@ -12,7 +12,7 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
-from globaldns.wire import AAAA, CLASS_IN, HINFO, NS, SOA, A
+from globaldns.wire import AAAA, CLASS_IN, HINFO, NS, SOA, TXT, A
 
 QUESTION_OFFSET = 12
 
@@ -93,6 +93,12 @@ def soa_record(owner: bytes, soa: SoaFields, ttl: int, suffixes: dict[bytes, int
         + struct.pack("!IIIII", soa.serial, soa.refresh, soa.retry, soa.expire, soa.minimum)
     )
     return Section(1, _rr(encode_name(owner, suffixes), SOA, ttl, rdata))
+
+
+def txt_records(owner: bytes, values: list[tuple[bytes, int]], suffixes: dict[bytes, int]) -> Section:
+    """TXT records for ``owner``: each (rdata as received, TTL)."""
+    encoded_owner = encode_name(owner, suffixes)
+    return Section(len(values), b"".join(_rr(encoded_owner, TXT, ttl, rdata) for rdata, ttl in values))
 
 
 def rfc8482_hinfo(owner: bytes, ttl: int, suffixes: dict[bytes, int]) -> Section:

@@ -15,12 +15,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from prometheus_client import CollectorRegistry
 
 from agent.base.gc_pause import freeze_survivors, gc_paused
 from agent.state.model import Kind, Region
 from agent.state.observations import Observations, ObservedState
 from agent.state.store import Entry, StateView, Store
+from globaldns.acme import AcmeConfig, AcmeUpdates
 from globaldns.answer import Responder, ResponderLimits
 from globaldns.compiler import CompileReport, ZoneBuild, ZoneConfig, compile_zone
 from globaldns.geoip import GeoDatabase, ProximityMap, Site
@@ -29,6 +31,8 @@ from globaldns.rrl import RateLimiter, RrlConfig
 from globaldns.server import DnsServer, TcpLimits
 from globaldns.settings import DnsSettings, RrlSettings
 from globaldns.tables import Locator, ZoneHolder, ZoneTables
+from globaldns.tsig import Keyring, KeySpec, TsigConfigError
+from globaldns.update import UpdateLimits
 
 logger = logging.getLogger("region_agent.dns")
 # A compilation yields to the loop this often: a full recompile of 10,000 projects (a region
@@ -57,6 +61,34 @@ def rate_limiter(settings: RrlSettings) -> RateLimiter | None:
         ipv4_prefix=settings.ipv4_prefix, ipv6_prefix=settings.ipv6_prefix, max_buckets=settings.max_buckets))
 
 
+def acme_updates(settings: DnsSettings, store: Store, holder: ZoneHolder,
+                 registry: CollectorRegistry) -> AcmeUpdates | None:
+    """RFC 2136 UPDATE of ACME challenges, or None while no TSIG key is configured.
+
+    Raises :class:`TsigConfigError` (naming the key) for a key that can not be used.
+    """
+    acme = settings.acme
+    specs = [KeySpec(k.name, k.algorithm, k.secret) for k in acme.tsig_keys]
+    if acme.tsig_keys_file is not None:
+        try:
+            data = yaml.safe_load(acme.tsig_keys_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise TsigConfigError(f"dns.acme.tsig_keys_file {acme.tsig_keys_file}: {exc}") from None
+        if not isinstance(data, dict):
+            raise TsigConfigError(f"dns.acme.tsig_keys_file {acme.tsig_keys_file}: must map key names to "
+                                  "{algorithm, secret}")
+        specs += Keyring.from_mapping(data).specs
+    if not specs:
+        return None
+    node = store.writer.partition("/")[2]
+    config = AcmeConfig(
+        apex=settings.zone, keyring=Keyring(specs), writer=f"acme/{node}",
+        limits=UpdateLimits(acme.max_value_length, acme.max_records_per_name, acme.max_records),
+        lifetime=acme.record_lifetime, updates_per_second=acme.updates_per_second,
+        burst=max(1, int(acme.updates_per_second * 2)))
+    return AcmeUpdates(store, holder, config, registry)
+
+
 class ZoneService:
     def __init__(self, settings: DnsSettings, store: Store, registry: CollectorRegistry,
                  observations: Observations | None = None) -> None:
@@ -78,6 +110,10 @@ class ZoneService:
                       max_per_source=settings.tcp_max_connections_per_source,
                       write_buffer=settings.tcp_write_buffer, max_in_flight=settings.tcp_max_in_flight),
         )
+        self._challenges_changed = False  # ACME records changed since the last compilation
+        self.acme = acme_updates(settings, store, self.holder, registry)
+        if self.acme is not None:
+            self.responder.updates = self.acme.handle
         self.health_known = False
         self.locator: Locator | None = None
         self._geo_database: GeoDatabase | None = None
@@ -107,6 +143,8 @@ class ZoneService:
             for entry in entries:
                 if entry.key[0] in (Kind.PROJECT.value, Kind.COPY.value):
                     self._changed_projects.add(entry.key[1])
+                elif entry.key[0] == Kind.ACME.value:
+                    self._challenges_changed = True  # every compilation rebuilds them; no project changes
                 else:
                     self._changed_projects = None  # a region: the compiler redoes everything anyway
                     break
@@ -133,8 +171,9 @@ class ZoneService:
             # Not in the loop turn of the write that asked for it: that turn has done its share.
             await asyncio.sleep(0)
             with gc_paused():  # no full collection in the middle of a slice (see agent.base.gc_pause)
-                while self._changed_projects is None or self._changed_projects:
+                while self._changed_projects is None or self._changed_projects or self._challenges_changed:
                     changed, self._changed_projects = self._changed_projects, set()
+                    self._challenges_changed = False
                     self._refresh_locator(self.store.regions)
                     report = CompileReport()
                     build = ZoneBuild(self.view, self.config, health_known=self.health_known, locator=self.locator,

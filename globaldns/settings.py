@@ -54,6 +54,42 @@ class RrlSettings(BaseModel):
     )
 
 
+class TsigKeySetting(BaseModel):
+    """One TSIG key (the same three values cert-manager's RFC 2136 issuer is given)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Key name, as the client names it (cert-manager's `tsigKeyName`).")
+    algorithm: str = Field(default="hmac-sha256",
+                           description="hmac-md5 (cert-manager's default), hmac-sha1, hmac-sha256 or hmac-sha512; "
+                           "cert-manager's spellings (HMACSHA256) work too.")
+    secret: str = Field(description="The shared secret, base64 (as in cert-manager's `tsigSecretSecretRef`).")
+
+
+class AcmeSettings(BaseModel):
+    """RFC 2136 UPDATE of ACME DNS-01 challenge TXT records (cert-manager's RFC 2136 solver).
+
+    Off while no key is configured (UPDATE then gets NOTIMP). Only TXT records at names whose
+    first label is ``_acme-challenge`` below the zone apex can be changed; see the README.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tsig_keys: tuple[TsigKeySetting, ...] = Field(
+        default=(), description="Keys UPDATEs may be signed with; several at once for rotation.")
+    tsig_keys_file: Path | None = Field(
+        default=None,
+        description="A YAML or JSON file `{name: {algorithm: ..., secret: ...}}` (a mounted Secret) with more keys; "
+        "read at start.")
+    record_lifetime: float = Field(
+        default=86_400, gt=0, description="Seconds a challenge record lives when its delete never comes.")
+    max_value_length: int = Field(default=512, ge=1, le=65535, description="Bytes of one TXT record's data.")
+    max_records_per_name: int = Field(default=16, ge=1, description="Challenge values at one name.")
+    max_records: int = Field(default=1024, ge=1, description="Challenge records in the whole zone.")
+    updates_per_second: float = Field(
+        default=20, gt=0, description="UPDATEs handled per second (burst twice that); more get REFUSED.")
+
+
 class DnsSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -128,6 +164,10 @@ class DnsSettings(BaseModel):
     rrl: RrlSettings = Field(
         default_factory=RrlSettings,
         description="Response rate limiting of UDP answers per client network (off by default).",
+    )
+    acme: AcmeSettings = Field(
+        default_factory=AcmeSettings,
+        description="RFC 2136 UPDATE of ACME challenge TXT records, signed with TSIG (off without keys).",
     )
     geoip_database: Path | None = Field(
         default=None,

@@ -97,6 +97,7 @@ class ZoneTables:
     # rendered responses of this generation (globaldns.memo), UDP and TCP, made by the Responder on first use
     response_memo: ResponseMemo | None = None
     tcp_response_memo: ResponseMemo | None = None
+    challenge_owners: frozenset[bytes] = frozenset()  # names holding ACME challenge TXT records
 
     @property
     def description(self) -> list[dict[str, object]]:

@@ -60,8 +60,9 @@ class Keyring:
     """The keys UPDATE may be signed with; several at once, so a key can be rotated."""
 
     def __init__(self, specs: Iterable[KeySpec] = ()) -> None:
+        self.specs = list(specs)
         self.keys: dict[dns.name.Name, dns.tsig.Key] = {}
-        for spec in specs:
+        for spec in self.specs:
             key = _key(spec)
             if key.name in self.keys:
                 raise TsigConfigError(f"TSIG key {spec.name!r} is given twice")

@@ -8,9 +8,11 @@ gossip). Each key has exactly one owner, the only kind of writer allowed to chan
 | ``("region", name)`` | :class:`Region` | ``region:<name>`` (that region's agents) |
 | ``("project", slug)`` | :class:`Project` | ``control`` (the control plane) |
 | ``("copy", slug, region)`` | :class:`CopyHealth` | ``region:<region>`` |
+| ``("acme", name, rdata hex)`` | :class:`Challenge` | ``acme`` (RFC 2136 updates) |
 
 Writer ids say which owner roles they hold: ``<region>/<node>`` for an agent,
-``control/<id>`` for the control plane, and ``standalone/<host>`` for a standalone agent
+``control/<id>`` for the control plane, ``acme/<node>`` for an agent writing what a signed
+RFC 2136 UPDATE asked, and ``standalone/<host>`` for a standalone agent
 that is the whole system by itself and may write every key. A standalone writer's entries
 are never accepted from a peer (:func:`may_merge`): replicated, its right to write every
 key would let it overwrite every region.
@@ -32,6 +34,7 @@ class Kind(enum.StrEnum):
     REGION = "region"
     PROJECT = "project"
     COPY = "copy"
+    ACME = "acme"
 
 
 Key = tuple[str, ...]
@@ -187,12 +190,43 @@ class CopyHealth:
         )
 
 
-Value = Region | Project | CopyHealth
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """One ACME DNS-01 challenge TXT record, as a signed RFC 2136 UPDATE added it.
 
-_CODECS: dict[Kind, type[Region] | type[Project] | type[CopyHealth]] = {
+    ``rdata`` is the TXT record's wire form (its strings) exactly as sent; the key names it
+    too, so two values at one name (a certificate for a name and its wildcard) are two
+    records that gossip and delete independently. ``expires_at`` (Unix seconds) bounds a
+    record whose delete never came.
+    """
+
+    name: str  # absolute, lower case: _acme-challenge.<name>.<zone>.
+    rdata: bytes
+    ttl: int
+    expires_at: int
+
+    def __post_init__(self) -> None:
+        if not self.name.endswith(".") or self.name != self.name.lower() or len(self.name) > 255:
+            raise ModelError(f"challenge name {self.name!r} must be absolute and lower case")
+        if not 0 < len(self.rdata) <= 65535 or not 0 <= self.ttl < 2**31 or self.expires_at < 0:
+            raise ModelError(f"challenge {self.name}: bad rdata, ttl or expiry")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rdata": self.rdata.hex(), "ttl": self.ttl, "expires_at": self.expires_at}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Challenge:
+        return cls(name=str(data["name"]), rdata=bytes.fromhex(str(data["rdata"])), ttl=int(data["ttl"]),
+                   expires_at=int(data["expires_at"]))
+
+
+Value = Region | Project | CopyHealth | Challenge
+
+_CODECS: dict[Kind, type[Region] | type[Project] | type[CopyHealth] | type[Challenge]] = {
     Kind.REGION: Region,
     Kind.PROJECT: Project,
     Kind.COPY: CopyHealth,
+    Kind.ACME: Challenge,
 }
 
 
@@ -208,8 +242,12 @@ def copy_key(slug: str, region: str) -> Key:
     return (Kind.COPY.value, slug, region)
 
 
+def challenge_key(name: str, rdata: bytes) -> Key:
+    return (Kind.ACME.value, name, rdata.hex())
+
+
 _SHAPES: dict[str, tuple[Kind, int]] = {Kind.REGION.value: (Kind.REGION, 2), Kind.PROJECT.value: (Kind.PROJECT, 2),
-                                         Kind.COPY.value: (Kind.COPY, 3)}
+                                         Kind.COPY.value: (Kind.COPY, 3), Kind.ACME.value: (Kind.ACME, 3)}
 
 
 def check_key(key: Key) -> Kind:
@@ -229,11 +267,14 @@ def owner_of(key: Key) -> str:
         return f"region:{key[1]}"
     if kind is Kind.COPY:
         return f"region:{key[2]}"
+    if kind is Kind.ACME:
+        return ACME
     return "control"
 
 
 STANDALONE = "standalone"
 CONTROL = "control"
+ACME = "acme"
 
 # The version of the entry encoding (``agent.state.store.entry_to_json``). Bump it when a
 # record's shape changes in a way an older agent would misread; an agent refuses entries
@@ -249,7 +290,7 @@ def writer_role(writer: str) -> str:
     role, slash, node = writer.partition("/")
     if not slash or not node or "/" in node:
         raise ModelError(f"writer id {writer!r} must be <role>/<node>")
-    if role not in (STANDALONE, CONTROL):
+    if role not in (STANDALONE, CONTROL, ACME):
         try:
             region_name(role)
         except ValueError as exc:
@@ -263,8 +304,8 @@ def may_write(writer: str, key: Key) -> bool:
     if scope == STANDALONE:
         return True
     owner = owner_of(key)
-    if scope == CONTROL:
-        return owner == CONTROL
+    if scope in (CONTROL, ACME):
+        return owner == scope
     return owner == f"region:{scope}"
 
 
@@ -282,6 +323,8 @@ def value_matches(key: Key, value: Value) -> bool:
         return value.name == key[1]
     if isinstance(value, Project):
         return value.slug == key[1]
+    if isinstance(value, Challenge):
+        return (value.name, value.rdata.hex()) == key[1:]
     return True
 
 
@@ -295,8 +338,6 @@ def decode_value(key: Key, data: dict[str, Any]) -> Value:
         value = _CODECS[kind].from_dict(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"bad {kind.value} record for {key!r}: {exc}") from exc
-    if (isinstance(value, Region) and (value.name,) != key[1:]) or (
-        isinstance(value, Project) and (value.slug,) != key[1:]
-    ):
+    if not value_matches(key, value):
         raise ModelError(f"record for {key!r} names another key")
     return value

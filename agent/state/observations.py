@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from agent.state.model import CopyHealth, Project, Region
+from agent.state.model import Challenge, CopyHealth, Project, Region
 from agent.state.store import StateView
 
 CopyId = tuple[str, str]  # (slug, region)
@@ -117,6 +117,10 @@ class ObservedState:
     @property
     def copies(self) -> Mapping[CopyId, CopyHealth]:
         return CombinedCopies(self._state.copies, self._observations.copies)
+
+    @property
+    def challenges(self) -> Mapping[str, Mapping[bytes, Challenge]]:
+        return self._state.challenges
 
     @property
     def newest_hlc(self) -> int:

@@ -36,7 +36,7 @@ import enum
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -45,6 +45,7 @@ from agent.state.hlc import ClockDriftError, HybridClock, physical_ms
 from agent.state.model import (
     SCHEMA_VERSION,
     STANDALONE,
+    Challenge,
     CopyHealth,
     Key,
     Kind,
@@ -168,6 +169,9 @@ class StateView(Protocol):
     def copies(self) -> Mapping[tuple[str, str], CopyHealth]: ...
 
     @property
+    def challenges(self) -> Mapping[str, Mapping[bytes, Challenge]]: ...
+
+    @property
     def newest_hlc(self) -> int: ...
 
 
@@ -180,6 +184,7 @@ class Snapshot:
     copies: dict[tuple[str, str], CopyHealth]
     newest_hlc: int
     digest: str
+    challenges: dict[str, dict[bytes, Challenge]] = field(default_factory=dict)
 
 
 Listener = Callable[[list[Entry]], None]
@@ -216,6 +221,7 @@ class Store:
         self._regions: dict[str, Region] = {}
         self._projects: dict[str, Project] = {}
         self._copies: dict[tuple[str, str], CopyHealth] = {}
+        self._challenges: dict[str, dict[bytes, Challenge]] = {}  # name → TXT rdata → record
         self._newest_hlc = 0
 
     # --- reads --------------------------------------------------------------------------
@@ -262,13 +268,17 @@ class Store:
         return self._copies
 
     @property
+    def challenges(self) -> Mapping[str, Mapping[bytes, Challenge]]:
+        return self._challenges
+
+    @property
     def newest_hlc(self) -> int:
         """The greatest version this store has applied (tombstones included)."""
         return self._newest_hlc
 
     def snapshot(self) -> Snapshot:
         return Snapshot(dict(self._regions), dict(self._projects), dict(self._copies), self._newest_hlc,
-                        self.digest())
+                        self.digest(), {name: dict(values) for name, values in self._challenges.items()})
 
     # --- local writes -------------------------------------------------------------------
 
@@ -281,8 +291,11 @@ class Store:
         changed = self.put_many([(key, None)])
         return changed[0] if changed else None
 
-    def put_many(self, items: Iterable[tuple[Key, Value | None]]) -> list[Entry]:
+    def put_many(self, items: Iterable[tuple[Key, Value | None]], *, writer: str | None = None) -> list[Entry]:
         """Write a batch as this store's writer (``None`` deletes); returns the entries that changed.
+
+        ``writer`` writes as another role this agent holds (``acme/<node>`` for what a signed
+        UPDATE asked); it must own every key like any writer.
 
         The whole batch is checked before anything changes (a bad key, record or owner
         raises and the store stays as it was); listeners then hear once, with every change.
@@ -290,7 +303,10 @@ class Store:
         new version (no churn in gossip or the zone).
         """
         batch: dict[Key, Value | None] = {}
-        writer = self.writer
+        if writer is None:
+            writer = self.writer
+        else:
+            writer_role(writer)
         for key, value in items:
             check_key(key)
             if not may_write(writer, key):
@@ -305,7 +321,7 @@ class Store:
                 continue
             if current is not None and current.value == value:
                 continue
-            entry = Entry(key, value, Version(self.clock.now(), self.writer))
+            entry = Entry(key, value, Version(self.clock.now(), writer))
             self._apply(entry)
             changed.append(entry)
         if changed:
@@ -399,6 +415,11 @@ class Store:
             _set_or_pop(self._regions, key[1], value)
         elif key[0] == Kind.PROJECT.value:
             _set_or_pop(self._projects, key[1], value)
+        elif key[0] == Kind.ACME.value:
+            values = self._challenges.setdefault(key[1], {})
+            _set_or_pop(values, bytes.fromhex(key[2]), value)
+            if not values:
+                del self._challenges[key[1]]
         else:
             _set_or_pop(self._copies, (key[1], key[2]), value)
 
