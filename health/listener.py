@@ -272,6 +272,9 @@ class HealthListener:
                 assert self._metrics is not None  # operator role: built in __init__
                 answer = views.metrics(await self._metrics.get(), CONTENT_TYPE_LATEST,
                                        region=self._region, request_id=request_id)
+            elif kind == "document":
+                answer = views.document(await self._documents[path].get(), region=self._region,
+                                        request_id=request_id)
             else:
                 answer = self._answer(kind, path, headers.get("Accept"), request_id)
         except asyncio.CancelledError:
@@ -327,8 +330,6 @@ class HealthListener:
         if kind == "readyz":
             view, freshness = self._source.current()
             return views.readiness(view, freshness, region=region, request_id=request_id)
-        if kind == "document":
-            return views.document(self._documents[path].get(), region=region, request_id=request_id)
         return views.not_found(region=region, request_id=request_id)
 
     def _counts(self, view: RegionView | None) -> CopyCounts:

@@ -177,14 +177,16 @@ async def test_documents_are_refused_on_the_public_listener() -> None:
                        documents={"/zone": Document(lambda: {}, lambda: 0)})
 
 
-def test_a_new_generation_reencodes_only_the_records_that_are_new_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_new_generation_reencodes_only_the_records_that_are_new_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from health import operator
 
     records = [{"name": f"p{i}", "answers": {"A": ["127.0.0.1"]}} for i in range(100)]
     state: dict[str, Any] = {"generation": 1, "records": records}
     cache = DocumentCache(Document(lambda: {"serial": state["generation"], "records": list(state["records"])},
                                    lambda: state["generation"]))
-    assert cache.get() == json.dumps({"serial": 1, "records": records}, separators=(",", ":")).encode()
+    assert await cache.get() == json.dumps({"serial": 1, "records": records}, separators=(",", ":")).encode()
     encoded: list[object] = []
     real = operator._dumps
 
@@ -196,6 +198,6 @@ def test_a_new_generation_reencodes_only_the_records_that_are_new_objects(monkey
     changed = {"name": "p7", "answers": {"A": []}}
     state["records"] = [*records[:7], changed, *records[8:]]
     state["generation"] = 2
-    assert cache.get() == json.dumps({"serial": 2, "records": state["records"]}, separators=(",", ":")).encode()
+    assert await cache.get() == json.dumps({"serial": 2, "records": state["records"]}, separators=(",", ":")).encode()
     assert any(e is changed for e in encoded)
     assert not [r for r in records if any(r is e for e in encoded)]  # the unchanged records were reused
