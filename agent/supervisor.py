@@ -252,6 +252,8 @@ class Agent:
         checks = self.checker.problem()
         if checks is not None:
             found.append(checks)
+        if self.zone_file is not None and self.zone_file.problem is not None:
+            found.append(f"zone file refused, serving the previous zone: {self.zone_file.problem}")
         if self.usage is not None and self.usage.status.state != "ok":
             status = self.usage.status
             found.append(f"usage {status.state} ({status.code}): {status.reason}")

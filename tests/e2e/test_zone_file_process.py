@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import dns.asyncquery
 import dns.message
 import dns.rcode
@@ -78,3 +79,36 @@ async def test_a_truncate_then_write_never_answers_nxdomain(agent: Running) -> N
         await asyncio.gather(asker, return_exceptions=True)
     assert rcodes[dns.rcode.NXDOMAIN] == 0, rcodes
     assert rcodes[dns.rcode.NOERROR] >= 20, rcodes  # queries really went on during both gaps
+
+
+async def _operator_region(running: Running) -> str:
+    try:
+        async with aiohttp.ClientSession() as http, http.get(
+                f"http://127.0.0.1:{running.operator_port}/health/region",
+                timeout=aiohttp.ClientTimeout(total=2)) as response:
+            return await response.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return ""
+
+
+async def test_a_non_utf8_file_degrades_the_agent_until_a_fixed_one_is_applied(
+        agent: Running) -> None:  # noqa: F811 - fixture
+    await wait_for(lambda: _ready(agent), timeout=15, message="/readyz")
+    agent.zone.write_bytes(ZONE.encode() + b"  caf\xe9: {regions: [ams1]}\n")
+    body = await wait_for(lambda: _contains(agent, "zone file refused"), timeout=15, message="degraded")
+    assert "not UTF-8: byte 0xe9" in body
+    assert await _answer_is(agent, {"127.0.0.41"})  # the previous zone is answered
+    agent.zone.write_text(ZONE + "  cafe: {regions: [ams1]}\n")
+    await wait_for(lambda: _answer_is(agent, {"127.0.0.42"}, "cafe.g.example.com"), timeout=15,
+                   message="fixed file applied without a restart")
+    await wait_for(lambda: _lacks(agent, "zone file refused"), timeout=15, message="no longer degraded")
+
+
+async def _contains(running: Running, text: str) -> str:
+    body = await _operator_region(running)
+    return body if text in body else ""
+
+
+async def _lacks(running: Running, text: str) -> bool:
+    body = await _operator_region(running)
+    return bool(body) and text not in body
