@@ -51,6 +51,10 @@ class HybridClock:
     def observe(self, remote: int) -> None:
         """Account for a timestamp received from another writer."""
         self.check(remote)
+        self.advance(remote)
+
+    def advance(self, remote: int) -> None:
+        """Account for a timestamp already :meth:`check`-ed (never raises)."""
         self._last = max(self._last, remote)
 
     def wall_ms(self) -> int:

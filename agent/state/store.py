@@ -350,7 +350,7 @@ class Store:
         applied: list[Entry] = []
         stale = 0
         for key, entry in winners.items():
-            self.clock.observe(entry.version.hlc)
+            self.clock.advance(entry.version.hlc)  # checked in validation: applying never raises
             current = self._entries.get(key)
             if current is not None and current.version >= entry.version:
                 stale += 1
