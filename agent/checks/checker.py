@@ -38,6 +38,7 @@ class CheckConfig:
     timeout: float = 2.0
     rule: CheckRule = field(default_factory=CheckRule)
     user_agent: str = "region-agent"
+    max_concurrent: int = 128  # probes in flight at once
 
     def host_header(self) -> str:
         return self.host if self.port == 80 else f"{self.host}:{self.port}"
@@ -130,6 +131,7 @@ class Checker:
         self._tasks: dict[CheckTarget, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._pending_reconcile: asyncio.Handle | None = None
+        self._slots = asyncio.Semaphore(config.max_concurrent)  # bounded connections and descriptors
         self._counts: dict[tuple[str, str, str], int] = {}  # (region, address, state) -> targets
         self.local_errors = 0
         self.last_local_error: tuple[float, str] | None = None  # (monotonic time, detail)
@@ -241,9 +243,10 @@ class Checker:
         assert self._session is not None
         loop = asyncio.get_running_loop()
         rule = self.config.rule
-        started = loop.time()
-        result = await probe(self._session, target, timeout=self.config.timeout,
-                             expect=self.config.expect, user_agent=self.config.user_agent)
+        async with self._slots:  # the probe's own timeout starts once it has a slot
+            started = loop.time()
+            result = await probe(self._session, target, timeout=self.config.timeout,
+                                 expect=self.config.expect, user_agent=self.config.user_agent)
         self.metrics.duration.observe(loop.time() - started)
         self.metrics.results.labels("local-error" if result.outcome is Outcome.LOCAL_ERROR
                                     else "ok" if result.ok else "fail").inc()

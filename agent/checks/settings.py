@@ -32,6 +32,11 @@ class ChecksSettings(BaseModel):
     )
     fall: int = Field(default=2, ge=1, description="Consecutive failures that take a target down.")
     rise: int = Field(default=2, ge=1, description="Consecutive successes that bring a target back up.")
+    max_concurrent: int = Field(
+        default=128, ge=1,
+        description="Checks in flight at once (each holds a connection and a descriptor); the rest wait their "
+        "turn. Thousands of targets starting together would otherwise stall the event loop and time out.",
+    )
 
     @model_validator(mode="after")
     def _timeout_fits(self) -> ChecksSettings:
@@ -43,4 +48,5 @@ class ChecksSettings(BaseModel):
         return CheckConfig(
             port=self.port, host=self.host, path=self.path, expect=self.expect, timeout=self.timeout,
             rule=CheckRule(self.interval, self.recheck_delay, self.fall, self.rise), user_agent=user_agent,
+            max_concurrent=self.max_concurrent,
         )

@@ -225,3 +225,26 @@ async def test_a_burst_of_store_changes_is_one_replan(endpoints: tuple[HealthEnd
                                          {"region": "sfo1", "address": "127.0.0.21", "state": "unknown"}) is None
     finally:
         await _stop(task)
+
+
+async def test_checks_in_flight_are_bounded(endpoints: tuple[HealthEndpoint, HealthEndpoint, int]) -> None:
+    primary, _backup, port = endpoints
+    primary.set("hang 0.05")
+    store = _store()
+    for n in range(10):
+        store.put(project_key(f"p{n}"), Project(f"p{n}", ("sfo1",)))
+    config = CheckConfig(port=port, host="h", timeout=1.0, rule=CheckRule(interval=5, recheck_delay=0.05),
+                         max_concurrent=2)
+    checker = Checker(store, config, CollectorRegistry())
+    task = await _run(checker)
+    try:
+        records = [r for r in primary.records if r.status == 200]
+        assert len(records) >= 11  # shop and p0..p9 at 127.0.0.21
+        events = sorted([(r.arrived, 1) for r in records] + [(r.finished, -1) for r in records])
+        in_flight = peak = 0
+        for _time, step in events:
+            in_flight += step
+            peak = max(peak, in_flight)
+        assert peak <= 2
+    finally:
+        await _stop(task)
