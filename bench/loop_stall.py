@@ -25,14 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import gc
-import json
 import logging
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,17 +36,16 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from prometheus_client import CollectorRegistry  # noqa: E402
+from common import Results, add_arguments
+from prometheus_client import CollectorRegistry
 
-from agent.state.hlc import HybridClock  # noqa: E402
-from agent.state.store import Store  # noqa: E402
-from agent.zonefile import ZoneFileWatcher  # noqa: E402
-from globaldns.service import ZoneService  # noqa: E402
-from globaldns.settings import DnsSettings  # noqa: E402
+from agent.state.hlc import HybridClock
+from agent.state.store import Store
+from agent.zonefile import ZoneFileWatcher
+from globaldns.service import ZoneService
+from globaldns.settings import DnsSettings
 
 REGIONS = ("sfo1", "ams1", "nrt1", "iad1")
 ZONE = "g.example.com"
@@ -175,7 +170,7 @@ def _compiling(zone: ZoneService) -> bool:
     return zone._pending is not None
 
 
-async def bench(args: argparse.Namespace, out: Any) -> list[dict[str, Any]]:
+async def bench(args: argparse.Namespace, out: Results) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="loop-stall-"))
     path = tmp / "zone.yaml"
     path.write_text(zone_text(args.projects, args.changed, 0))
@@ -200,7 +195,7 @@ async def bench(args: argparse.Namespace, out: Any) -> list[dict[str, Any]]:
             result = await run_scenario("recompile", watcher, zone, text, port, args.timeout)
             results.append({**result, "repeat": repeat, "projects": args.projects, "changed": args.projects})
         for result in results:
-            out.write(json.dumps(result) + "\n")
+            out.add(**{k: v for k, v in result.items() if k != "type"})
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -210,49 +205,26 @@ async def bench(args: argparse.Namespace, out: Any) -> list[dict[str, Any]]:
     return results
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=5, check=False).stdout.strip()
-    except OSError:
-        return ""
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--projects", type=int, default=10_000)
     parser.add_argument("--changed", type=int, default=1_000, help="projects changed by the reload")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds one scenario may take")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: proves the bench runs, measures nothing")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON lines results file (default: bench/results/loop_stall-<UTC time>.jsonl; "
-                             "smoke runs: under the temp directory)")
+    add_arguments(parser)
     args = parser.parse_args()
     if args.smoke:
         args.projects, args.changed, args.repeats = 200, 20, 1
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    if args.out is None:
-        folder = Path(tempfile.gettempdir()) if args.smoke else REPO / "bench" / "results"
-        args.out = folder / f"loop_stall-{stamp}.jsonl"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)
     runner: Callable[[Coroutine[Any, Any, list[dict[str, Any]]]], list[dict[str, Any]]] = asyncio.run
     with contextlib.suppress(ImportError):  # the agent runs on uvloop where it is installed
         import uvloop
 
         runner = uvloop.run
-    header = {"type": "run", "bench": "loop_stall", "argv": sys.argv[1:], "smoke": args.smoke, "started": stamp,
-              "commit": _commit(), "python": platform.python_version(), "uvloop": runner is not asyncio.run,
-              "load": os.getloadavg(), "cpus": os.cpu_count()}
-    with args.out.open("w") as out:
-        out.write(json.dumps(header) + "\n")
-        started = time.monotonic()
+    with Results("loop_stall", args.out, smoke=args.smoke) as out:
         results = runner(bench(args, out))
-        out.write(json.dumps({"type": "end", "seconds": round(time.monotonic() - started, 1),
-                              "load": os.getloadavg()}) + "\n")
     print(f"{args.projects} projects, reload changes {args.changed}; {args.repeats} repeats; "
-          f"load {header['load'][0]:.2f} at start")
+          f"load {os.getloadavg()[0]:.2f} at the end")
     for name in ("reload", "recompile"):
         rows = [r for r in results if r["name"] == name]
         stalls = sorted(r["longest_stall_ms"] for r in rows)
@@ -262,7 +234,6 @@ def main() -> int:
               f"new tables after {max(r['seconds_to_new_tables'] for r in rows):.2f} s; worst DNS answer "
               f"{max(r['worst_query_ms'] for r in rows):.1f} ms; "
               f"unanswered {sum(r['queries_sent'] - r['queries_answered'] for r in rows)}")
-    print(f"results: {args.out}")
     return 0
 
 

@@ -126,8 +126,18 @@ def _dns_throughput(lines: Lines) -> None:
     assert any(line["name"].startswith("ratio ") for line in lines)
 
 
+def _loop_stall(lines: Lines) -> None:
+    for name in ("reload", "recompile"):
+        (line,) = _results(lines, name)
+        assert line["queries_sent"] > 0 and line["queries_answered"] == line["queries_sent"], name
+        assert set(line["rcodes"]) == {"0"}, f"{name}: answers other than NOERROR while the zone changed"
+        for key in ("longest_stall_ms", "longest_busy_cpu_ms", "seconds_to_new_tables", "worst_query_ms"):
+            _number(line[key])
+
+
 CHECKS: dict[str, Callable[[Lines], None]] = {
     "dns_throughput": _dns_throughput,
+    "loop_stall": _loop_stall,
     "health_listener": _health_listener,
     "failover": _failover,
     "kube_list": _kube_list,
