@@ -165,14 +165,6 @@ class FeedPublisher:
                 self._path.unlink()
         self._changed = None
 
-    async def run(self) -> None:
-        """Start, serve until cancelled, then stop (for ``create_guarded_task``)."""
-        await self.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await self.stop()
-
     # --- subscribers ----------------------------------------------------------------------
 
     async def _serve_subscriber(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -204,14 +204,6 @@ class HealthListener:
         if runner is not None:
             await asyncio.shield(runner.cleanup())
 
-    async def run(self) -> None:
-        """Start, serve until cancelled, then stop (for ``create_guarded_task``)."""
-        await self.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await self.stop()
-
     @property
     def addresses(self) -> list[tuple[str, int]]:
         """(host, port) of every bound socket; ports are real even when configured as 0."""

@@ -14,7 +14,6 @@ In both modes the agent serves its operator listener (``operator_port``, 8087): 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
@@ -84,11 +83,3 @@ class HealthService:
         if self.listener is not None:
             await self.listener.stop()
         await self.operator.stop()
-
-    async def run(self) -> None:
-        """Start, serve until cancelled, stop (for ``create_guarded_task``)."""
-        await self.start()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await self.stop()

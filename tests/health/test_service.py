@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from agent.base.tasks import cancel_and_wait, create_guarded_task
+from agent.base.tasks import cancel_and_wait
 from health.feed import FeedSubscriber
 from health.operator import Document
 from health.service import HealthService
@@ -20,7 +20,7 @@ async def test_in_process_serves_what_is_published() -> None:
     settings = HealthSettings(listen_addresses=("127.0.0.1",), port=0, operator_port=0)
     service = HealthService(settings, region="sfo1", registry=CollectorRegistry())
     assert service.publisher is None
-    task = create_guarded_task(service.run(), name="health")
+    await service.start()
     try:
         listener = service.listener
         assert listener is not None
@@ -30,7 +30,7 @@ async def test_in_process_serves_what_is_published() -> None:
         async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/global-health/shop") as response:
             assert (response.status, await response.text()) == (200, "ok")
     finally:
-        await cancel_and_wait([task])
+        await service.stop()
     assert listener.addresses == []
 
 
