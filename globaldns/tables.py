@@ -120,11 +120,9 @@ class ZoneHolder:
 
     def __init__(self, tables: ZoneTables | None = None) -> None:
         self.tables = tables
-        self.generation = 0
 
     def replace(self, tables: ZoneTables) -> None:
         self.tables = tables
-        self.generation += 1
 
 
 def negative_reply_factory(soa_for_offset: Callable[[int], Section]) -> Callable[[int, int], Reply]:
