@@ -34,6 +34,7 @@ async def test_the_service_compiles_incrementally_what_a_full_compile_gives() ->
     service = ZoneService(DnsSettings(zone=CONFIG.apex, listen_addresses=("127.0.0.1",), port=0), store,
                           CollectorRegistry())
     service.set_health_known()  # answers follow health, as after the first check round
+    service.rebuild()  # what start() does before the sockets open
     for step in range(300):
         slug = f"p{rng.randrange(12)}"
         action = rng.random()
