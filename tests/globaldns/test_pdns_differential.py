@@ -75,7 +75,7 @@ from tests.conftest import wait_for_sync
 # PowerDNS, the agent and the fake copies start as the benches start them (bench/common.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from common import start_agent, start_endpoints, start_pdns
+from common import start_agent, start_endpoints, start_pdns, tool_versions
 from dns_rig import Endpoint, Procs
 
 pytestmark = [
@@ -239,6 +239,9 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    # The expectations below are PowerDNS 4.7's (one failed check flips, minimumFailures ignored).
+    version = tool_versions(["pdns_server"])["pdns_server"]
+    assert version.startswith("4.7."), f"this test compares against PowerDNS 4.7, found {version}"
     with Procs(tmp_path_factory.mktemp("pdns-differential")) as procs:  # stops every process by PID
         endpoints = Endpoints(procs, ENDPOINTS)
         # The primary hangs (longer than either timeout) so the agent's first round can not finish
