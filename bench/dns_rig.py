@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.fakes.health_endpoint import CheckRecord, read_log, write_state  # noqa: E402
+from tests.fakes.ports import free_port  # noqa: E402 - the one free_port, for every bench
+
+__all__ = ["free_port"]  # the benches take it from here
 
 ZONE = "g.example.com"
 CHECK_HOST = f"runr-health.{ZONE}"
@@ -44,27 +46,6 @@ def need_tools(*tools: str) -> None:
     if missing:
         sys.exit(f"missing {', '.join(missing)}: apt-get install -y pdns-server pdns-backend-bind dnsperf "
                  "bind9-dnsutils")
-
-
-def free_port(hosts: Sequence[str] = ("127.0.0.1",), *, udp: bool = True) -> int:
-    """A port free for TCP (and UDP) on every host right now."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
-            first.bind((hosts[0], 0))
-            port = int(first.getsockname()[1])
-            ok = True
-            for host in hosts:
-                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM) if udp else (socket.SOCK_STREAM,):
-                    if host == hosts[0] and kind == socket.SOCK_STREAM:
-                        continue
-                    with socket.socket(socket.AF_INET, kind) as probe:
-                        try:
-                            probe.bind((host, port))
-                        except OSError:
-                            ok = False
-            if ok:
-                return port
-    raise RuntimeError("no free port")
 
 
 # ---------------------------------------------------------------- processes

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ import pytest
 
 from agent.demo import FakeCopy
 from tests.conftest import wait_for
+from tests.fakes.ports import free_port
 
 ZONE = """
 regions:
@@ -28,11 +28,6 @@ projects:
   shop: {regions: [sfo1, ams1], primary: sfo1}
 """
 
-
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -56,8 +51,8 @@ async def agent(tmp_path: Path) -> AsyncIterator[Running]:
     await copies["ams1"].start()
     zone = tmp_path / "zone.yaml"
     zone.write_text(ZONE)
-    dns_port, http_port = _free_port(), _free_port(socket.SOCK_STREAM)
-    operator_port = _free_port(socket.SOCK_STREAM)
+    dns_port, http_port = free_port(), free_port()
+    operator_port = free_port()
     config = tmp_path / "agent.yaml"
     config.write_text(f"""
 region: sfo1
@@ -170,12 +165,12 @@ async def test_region_agent_health_runs_the_sidecar_fed_by_the_agent(agent: Runn
     await wait_for(lambda: _ready(agent), timeout=15, message="agent ready")
     agent.process.send_signal(signal.SIGTERM)
     await wait_for(lambda: agent.process.poll() is not None, timeout=10, message="in-process agent stopped")
-    sidecar_port = _free_port(socket.SOCK_STREAM)
+    sidecar_port = free_port()
     env = {**os.environ, "REGION_AGENT_HEALTH__MODE": "sidecar",
            "REGION_AGENT_HEALTH__FEED_SOCKET": str(tmp_path / "feed.sock"),
            "REGION_AGENT_HEALTH__PORT": str(sidecar_port),
            "REGION_AGENT_HEALTH__OPERATOR_PORT": str(agent.operator_port),
-           "REGION_AGENT_HEALTH__SIDECAR_OPERATOR_PORT": str(_free_port(socket.SOCK_STREAM)),
+           "REGION_AGENT_HEALTH__SIDECAR_OPERATOR_PORT": str(free_port()),
            "REGION_AGENT_HEALTH__STALE_AFTER_SECONDS": "1", "REGION_AGENT_HEALTH__HEARTBEAT_INTERVAL_SECONDS": "0.2",
            "REGION_AGENT_HEALTH__FEED_RECONNECT_MAX_SECONDS": "0.3",
            "REGION_AGENT_HEALTH__LISTEN_ADDRESSES": '["127.0.0.1"]'}

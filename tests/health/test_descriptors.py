@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.conftest import wait_for_sync
+from tests.fakes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NOFILE = 160  # the agent needs a few dozen descriptors of its own; the rest go to connections
@@ -26,11 +27,6 @@ projects:
   shop: {regions: [sfo1]}
 """
 
-
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _status(url: str) -> int:
@@ -63,12 +59,12 @@ LAUNCH = (
 
 def test_the_listener_backs_off_on_emfile_and_recovers(tmp_path: Path) -> None:
     (tmp_path / "zone.yaml").write_text(ZONE)
-    public, operator = _free_port(), _free_port()
+    public, operator = free_port(), free_port()
     (tmp_path / "agent.yaml").write_text(f"""
 region: sfo1
 zone_file: zone.yaml
-dns: {{zone: g.example.com, listen_addresses: [127.0.0.1], port: {_free_port(socket.SOCK_DGRAM)}}}
-checks: {{host: runr-health.g.example.com, port: {_free_port()}, interval: 30, timeout: 1}}
+dns: {{zone: g.example.com, listen_addresses: [127.0.0.1], port: {free_port()}}}
+checks: {{host: runr-health.g.example.com, port: {free_port()}, interval: 30, timeout: 1}}
 health: {{listen_addresses: [127.0.0.1], port: {public}, operator_port: {operator},
           max_connections: 10000, idle_timeout_seconds: 120, header_timeout_seconds: 120}}
 """)

@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.state.local import CopyReason
 from health.feed import FeedPublisher
+from tests.fakes.ports import free_port
 from tests.health.helpers import copy, view, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,11 +36,6 @@ class Sidecar:
     log: Path
     bound: float
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -78,7 +73,7 @@ async def start_sidecar(
     started: list[Sidecar] = []
 
     async def start(bound: float) -> Sidecar:
-        port, operator_port = _free_port(), _free_port()
+        port, operator_port = free_port(), free_port()
         log = tmp_path / f"sidecar-{len(started)}.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
