@@ -459,3 +459,26 @@ def test_stop_goes_silent() -> None:
     r.clock.run_for(10.0)
     r.feed(Ping(1, "sfo1/n1", "sfo1/n2"))
     assert r.wire.packets == []
+
+
+def test_failed_members_are_retried_until_the_reconnect_timeout() -> None:
+    config = GossipConfig(push_pull_interval=1000.0, join_sync_delays=(), reconnect_interval=5.0,
+                          reconnect_timeout=60.0, gossip_to_the_dead=10.0)
+    r = rig(peers=3, config=config)
+    r.feed(Dead("sfo1/n2", 1, "sfo1/n3"))
+    r.clock.run_for(30.0)
+    tried = [a for a, m in r.wire.streams if isinstance(m, PushPull) and a == member(2).addr]
+    assert len(tried) >= 4
+    assert r.node.member("sfo1/n2") is None  # forgotten after gossip_to_the_dead, still retried
+    r.clock.run_for(40.0)
+    r.wire.clear()
+    r.clock.run_for(30.0)
+    assert not [a for a, _ in r.wire.streams if a == member(2).addr]
+
+
+def test_a_left_member_is_not_retried() -> None:
+    config = GossipConfig(push_pull_interval=1000.0, join_sync_delays=(), reconnect_interval=5.0)
+    r = rig(peers=3, config=config)
+    r.feed(Dead("sfo1/n2", 1, "sfo1/n2"))
+    r.clock.run_for(30.0)
+    assert not [a for a, _ in r.wire.streams if a == member(2).addr]
