@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from dataclasses import dataclass, field
 
 import dns.asyncquery
 import dns.message
 import dns.rcode
 import dns.rdatatype
-from aiohttp import web
 
+from agent.fake_copy import HealthEndpoint
 from agent.settings import AgentSettings
 from agent.supervisor import Agent
 from agent.zonefile import read_zone_file
@@ -32,30 +31,6 @@ SCRIPT: list[tuple[dict[str, bool], str]] = [
                                                     "(all_down: all), blog SERVFAILs (all_down: servfail)"),
     ({"sfo1": True, "ams1": True, "nrt1": True}, "all recover: back to the primary"),
 ]
-
-
-@dataclass
-class FakeCopy:
-    """A region's ingress for the demo: 200 ok while healthy, 503 otherwise."""
-
-    address: str
-    port: int
-    healthy: bool = True
-    runner: web.AppRunner | None = field(default=None, repr=False)
-
-    async def start(self) -> None:
-        async def handle(_request: web.Request) -> web.Response:
-            return web.Response(text="ok") if self.healthy else web.Response(status=503, text="down")
-
-        app = web.Application()
-        app.router.add_get("/global-health/{slug}", handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, self.address, self.port).start()
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 async def answer_of(server: str, port: int, name: str) -> str:
@@ -75,7 +50,7 @@ async def run_demo(settings: AgentSettings, *, step_seconds: float, rounds: int)
         print("the demo needs a zone file (demo/agent.yaml sets one)", file=sys.stderr)
         return 2
     zone = read_zone_file(settings.zone_file)
-    copies = {name: FakeCopy(region.ipv4[0], settings.checks.port) for name, region in zone.regions.items()
+    copies = {name: HealthEndpoint(region.ipv4[0], settings.checks.port) for name, region in zone.regions.items()
               if region.ipv4}
     for copy in copies.values():
         await copy.start()
@@ -92,7 +67,7 @@ async def run_demo(settings: AgentSettings, *, step_seconds: float, rounds: int)
             for states, note in SCRIPT:
                 for name, healthy in states.items():
                     if name in copies:
-                        copies[name].healthy = healthy
+                        copies[name].set("ok" if healthy else "down")
                 print(f"* {note}", flush=True)
                 await asyncio.sleep(step_seconds)
                 for slug in zone.projects:

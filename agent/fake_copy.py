@@ -1,8 +1,9 @@
 """A fake copy's health endpoint: ``GET /global-health/<slug>`` answers as it is told.
 
-Tests run it in their own event loop; benches run it as a process::
+The one fake copy of the project: ``region-agent demo`` runs one per region, tests run it in
+their own event loop, benches run it as a process::
 
-    python -m tests.fakes.health_endpoint --bind 127.0.0.11 --port 8086 \\
+    python -m agent.fake_copy --bind 127.0.0.11 --port 8086 \\
         --state-file /tmp/x/primary.state --log /tmp/x/primary.log
 
 What it answers (a *behaviour*, written as one line of text everywhere)::

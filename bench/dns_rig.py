@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.fakes.health_endpoint import CheckRecord, read_log, write_state  # noqa: E402
+from agent.fake_copy import CheckRecord, read_log, write_state  # noqa: E402
 from tests.fakes.ports import free_port  # noqa: E402 - the one free_port, for every bench
 
 __all__ = ["free_port"]  # the benches take it from here
@@ -159,7 +159,7 @@ def start_endpoint(procs: Procs, name: str, host: str, port: int, state: str = "
     state_file = procs.tmp / f"{name}.state"
     log_file = procs.tmp / f"{name}.log"
     write_state(state_file, state)
-    proc, out = procs.start(name, [sys.executable, "-m", "tests.fakes.health_endpoint", "--bind", host, "--port",
+    proc, out = procs.start(name, [sys.executable, "-m", "agent.fake_copy", "--bind", host, "--port",
                                    str(port), "--state-file", str(state_file), "--log", str(log_file)], cwd=REPO)
     deadline = time.monotonic() + 15
     while "health endpoint on" not in out.read_text(encoding="utf-8", errors="replace"):

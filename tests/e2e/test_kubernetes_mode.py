@@ -16,7 +16,7 @@ import dns.message
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from agent.demo import FakeCopy
+from agent.fake_copy import HealthEndpoint
 from agent.kube.resources import KNATIVE_SERVICES, PODS
 from agent.settings import AgentSettings
 from agent.supervisor import Agent
@@ -55,13 +55,13 @@ async def control_plane() -> AsyncIterator[FakeControlPlane]:
 
 
 @pytest.fixture
-async def world(tmp_path: Path, control_plane: FakeControlPlane) -> AsyncIterator[tuple[FakeKubeApi, Agent, FakeCopy]]:
+async def world(
+    tmp_path: Path, control_plane: FakeControlPlane
+) -> AsyncIterator[tuple[FakeKubeApi, Agent, HealthEndpoint]]:
     api = FakeKubeApi()
     url = await api.start()
-    backup = FakeCopy("127.0.0.32", 0)
+    backup = HealthEndpoint("127.0.0.32")
     await backup.start()
-    assert backup.runner is not None
-    backup.port = int(backup.runner.addresses[0][1])
     zone = tmp_path / "zone.yaml"
     zone.write_text(ZONE_FILE)
     settings = AgentSettings(
@@ -100,7 +100,7 @@ async def _global_health(agent: Agent) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def test_local_copy_health_drives_dns_and_the_listener(world: tuple[FakeKubeApi, Agent, FakeCopy]) -> None:
+async def test_local_copy_health_drives_dns_and_the_listener(world: tuple[FakeKubeApi, Agent, HealthEndpoint]) -> None:
     api, agent, _backup = world
     await asyncio.wait_for(agent.ready.wait(), 10)
     assert await _answer(agent) == {"127.0.0.31"}
@@ -135,7 +135,7 @@ async def _health_if(agent: Agent, status: int, word: str) -> bool:
     return got_status == status and word in body
 
 
-async def test_not_ready_until_the_watch_has_listed(world: tuple[FakeKubeApi, Agent, FakeCopy]) -> None:
+async def test_not_ready_until_the_watch_has_listed(world: tuple[FakeKubeApi, Agent, HealthEndpoint]) -> None:
     _api, agent, _backup = world
     await asyncio.wait_for(agent.ready.wait(), 10)
     assert agent.health.listener is not None
@@ -152,7 +152,7 @@ async def test_not_ready_until_the_watch_has_listed(world: tuple[FakeKubeApi, Ag
 
 
 async def test_usage_of_a_pod_on_this_node_reaches_the_control_plane(
-    world: tuple[FakeKubeApi, Agent, FakeCopy], control_plane: FakeControlPlane
+    world: tuple[FakeKubeApi, Agent, HealthEndpoint], control_plane: FakeControlPlane
 ) -> None:
     api, agent, _backup = world
     await asyncio.wait_for(agent.ready.wait(), 10)

@@ -16,7 +16,7 @@ import dns.asyncquery
 import dns.message
 import pytest
 
-from agent.demo import FakeCopy
+from agent.fake_copy import HealthEndpoint
 from tests.conftest import wait_for
 from tests.fakes.ports import free_port
 
@@ -36,17 +36,15 @@ class Running:
     dns_port: int
     http_port: int
     zone: Path
-    copies: dict[str, FakeCopy]
+    copies: dict[str, HealthEndpoint]
     log: Path
     operator_port: int = 0  # /metrics, /zone: the operator listener
 
 
 @pytest.fixture
 async def agent(tmp_path: Path) -> AsyncIterator[Running]:
-    copies = {"sfo1": FakeCopy("127.0.0.41", 0), "ams1": FakeCopy("127.0.0.42", 0)}
-    await copies["sfo1"].start()
-    assert copies["sfo1"].runner is not None
-    check_port = int(copies["sfo1"].runner.addresses[0][1])
+    copies = {"sfo1": HealthEndpoint("127.0.0.41"), "ams1": HealthEndpoint("127.0.0.42")}
+    check_port = await copies["sfo1"].start()
     copies["ams1"].port = check_port
     await copies["ams1"].start()
     zone = tmp_path / "zone.yaml"
@@ -104,7 +102,7 @@ async def test_serves_fails_over_reloads_and_stops(agent: Running) -> None:
     await wait_for(lambda: _ready(agent), timeout=15, message="/readyz")
     assert await _answer(agent) == {"127.0.0.41"}
 
-    agent.copies["sfo1"].healthy = False
+    agent.copies["sfo1"].set("down")
     assert await wait_for(lambda: _answer_is(agent, {"127.0.0.42"}), timeout=5, message="failover")
 
     # A bad zone file is refused whole; the zone stays; the error is counted.

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 
 from agent.checks.checker import CheckConfig, Checker
 from agent.checks.rule import CheckRule, TargetHealth
+from agent.fake_copy import HealthEndpoint
 from agent.state.hlc import HybridClock
 from agent.state.model import Project, Region, project_key, region_key
 from agent.state.observations import Observations
 from agent.state.store import Store
-from tests.fakes.health_endpoint import HealthEndpoint
 
 
 async def _until(condition: object, timeout: float = 10.0) -> None:

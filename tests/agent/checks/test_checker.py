@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from agent.checks.checker import CheckConfig, Checker, copy_health, plan_targets
 from agent.checks.rule import CheckRule, TargetHealth, TargetState
+from agent.fake_copy import Behaviour, HealthEndpoint
 from agent.state.hlc import HybridClock
 from agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
 from agent.state.store import Store
 from tests.conftest import wait_for
-from tests.fakes.health_endpoint import Behaviour, HealthEndpoint
 
 
 @pytest.fixture
