@@ -89,6 +89,21 @@ def cmd_zone(args: argparse.Namespace) -> int:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"region-agent zone: can not read {url}: {exc}", file=sys.stderr)
         return 1
+    if args.delegation:
+        from globaldns.delegation import delegation_lines, name_servers_from_zone_document
+
+        try:
+            zone, servers = name_servers_from_zone_document(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            print(f"region-agent zone: {url} is not a zone document: {exc}", file=sys.stderr)
+            return 1
+        if not servers:
+            print(f"region-agent zone: no region of {zone} has a name-server address (ns_ipv4, ns_ipv6)",
+                  file=sys.stderr)
+            return 1
+        print(f"; the delegation of {zone}: records to create in its parent zone")
+        print("\n".join(delegation_lines(zone, servers, args.ttl)))
+        return 0
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
@@ -156,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the agent's operator listener (health.operator_listen_addresses, operator_port)")
     zone.add_argument("--token-file", help="bearer token for the operator listener (health.operator_token_file)")
     zone.add_argument("--json", action="store_true", help="raw JSON")
+    zone.add_argument("--delegation", action="store_true",
+                      help="print the NS and glue records the parent zone needs (zone-file lines)")
+    zone.add_argument("--ttl", type=int, default=3600, help="TTL of the --delegation records (default 3600)")
     zone.set_defaults(func=cmd_zone)
     check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))
     check.set_defaults(func=cmd_check_config)
