@@ -68,6 +68,12 @@ class AgentSettings(BaseSettings):
         description="Seconds a graceful stop may take (usage checkpoints open sessions; keep it below the "
         "pod's terminationGracePeriodSeconds, 30 by default).",
     )
+    shutdown_drain_seconds: float = Field(
+        default=5.0, ge=0,
+        description="On SIGTERM, seconds the agent keeps answering DNS and health while /readyz says 503 "
+        "`draining`, so load balancers drop it before it stops (a second SIGTERM ends the drain early). Keep "
+        "drain + shutdown_budget below the pod's terminationGracePeriodSeconds; 0 stops at once.",
+    )
     dns: DnsSettings = Field(default_factory=DnsSettings)
     checks: ChecksSettings = Field(default_factory=ChecksSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)

@@ -73,6 +73,7 @@ class Agent:
         self.ready = asyncio.Event()
         self.tasks = TaskSupervisor(self.registry)
         self._stop = asyncio.Event()
+        self._drain_cut = asyncio.Event()
         self.store.subscribe(self._on_state_change)
         self._state_changes = 0  # part of /zone's generation: O(1), where the digest hashes every bucket
         self.store.subscribe(self._count_state_change)
@@ -91,7 +92,7 @@ class Agent:
         now = time.time()
         common = {"region": self.settings.region, "started_at": self.started_at, "generated_at": now,
                   "zone_serial": None if tables is None else tables.serial, "zone_digest": self.store.digest(),
-                  "degraded": self.problems()}
+                  "degraded": self.problems(), "draining": self._stop.is_set()}
         if self.kube is None:
             ready = self.ready.is_set()
             return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
@@ -276,7 +277,19 @@ class Agent:
             await self._kube_api.close()
 
     def request_stop(self) -> None:
+        if self._stop.is_set():
+            self._drain_cut.set()  # a second signal: stop now
         self._stop.set()
+
+    async def _drain(self) -> None:
+        """Report not ready (``/readyz`` 503 ``draining``) while DNS keeps answering, then return."""
+        seconds = self.settings.shutdown_drain_seconds
+        if seconds <= 0:
+            return
+        logger.info("draining for %.1f s: /readyz answers 503, DNS still answers", seconds)
+        self.health.publish(self.region_view())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drain_cut.wait(), seconds)
 
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT, stop."""
@@ -288,6 +301,7 @@ class Agent:
         try:
             await self.start()
             await self._stop.wait()
+            await self._drain()
             logger.info("stopping")
         finally:
             await self.stop()

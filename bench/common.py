@@ -320,6 +320,7 @@ def start_agent(procs: Procs, name: str, zone_yaml: str, *, checks: Mapping[str,
 region: sfo1
 zone_file: zone.yaml
 log_level: {log_level}
+shutdown_drain_seconds: 0
 dns: {{zone: {ZONE}, listen_addresses: [127.0.0.1], port: {port}}}
 checks: {{{checks_yaml}}}
 health: {{listen_addresses: [127.0.0.1], port: {public_port}, operator_port: {operator_port}}}

@@ -321,7 +321,9 @@ def readiness(view: RegionView | None, freshness: Freshness, *, region: str, req
     still answers DNS and health, and taking it out of the load balancer would only add an
     outage — but says so in the body and in ``X-Degraded``.
     """
-    if freshness.stale:
+    if view is not None and view.draining:
+        reason = "draining"  # stopping: the load balancer should drop this agent before DNS goes
+    elif freshness.stale:
         reason = CopyReason.STALE.value
     elif view is None or not view.synced:
         reason = CopyReason.CACHE_NOT_SYNCED.value

@@ -13,6 +13,10 @@ import pytest
 
 T = TypeVar("T")
 
+# Agents started by tests stop at once on SIGTERM (the rollout drain is tested on its own,
+# tests/e2e/test_drain.py, which sets it explicitly).
+os.environ.setdefault("REGION_AGENT_SHUTDOWN_DRAIN_SECONDS", "0")
+
 
 @overload
 async def wait_for(

@@ -102,6 +102,7 @@ class RegionView:
     # Problems of the agent itself, one line each ("checks: local errors (EMFILE)", a task
     # restarting): the region reports degraded; the text is shown to operators only.
     degraded: tuple[str, ...] = ()
+    draining: bool = False  # SIGTERM received: /readyz answers 503 while DNS still answers
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,7 +112,7 @@ class RegionView:
             "copies": [c.to_dict() for c in self.copies.values()],
             "bindings": [b.to_dict() for b in self.bindings],
             "zone_serial": self.zone_serial, "zone_digest": self.zone_digest,
-            "degraded": list(self.degraded),
+            "degraded": list(self.degraded), "draining": self.draining,
         }
 
     @classmethod
