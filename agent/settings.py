@@ -22,6 +22,7 @@ from agent.base.names import region_name
 from agent.checks.settings import ChecksSettings
 from agent.kube.settings import KubeSettings
 from agent.usage.settings import UsageSettings
+from globaldns.reachability import ReachabilitySettings
 from globaldns.settings import DnsSettings
 from health.settings import HealthSettings
 
@@ -79,6 +80,7 @@ class AgentSettings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     kube: KubeSettings = Field(default_factory=KubeSettings)
     usage: UsageSettings = Field(default_factory=UsageSettings)
+    reachability: ReachabilitySettings = Field(default_factory=ReachabilitySettings)
 
     @field_validator("region")
     @classmethod

@@ -34,6 +34,8 @@ from agent.state.model import CopyHealth, Kind, copy_key
 from agent.state.observations import Observations
 from agent.state.store import TOMBSTONE_SWEEP_SECONDS, Entry, Store
 from agent.zonefile import ZoneFileWatcher
+from globaldns.delegation import expected_ns_names
+from globaldns.reachability import ReachabilityMonitor
 from globaldns.service import ZoneService
 from health.operator import Document
 from health.service import HealthService
@@ -64,6 +66,12 @@ class Agent:
                                observations=self.observations)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": Document(self.zone_description, self.zone_generation)})
+        self.reachability: ReachabilityMonitor | None = None
+        if settings.reachability.active(settings.kubernetes):
+            self.reachability = ReachabilityMonitor(
+                settings.reachability, zone=settings.dns.zone, own_addresses=self._own_ns_addresses,
+                expected_ns=lambda: expected_ns_names(self.store.regions.values(), settings.dns.zone),
+                registry=self.registry)
         self.kube: Any = None  # agent.kube.sources.KubeSources, imported only when used
         self.usage: Any = None  # agent.usage.service.UsageService when metering runs; .status for health
         self._kube_api: Any = None
@@ -136,6 +144,10 @@ class Agent:
     def _count_state_change(self, _changes: list[Entry]) -> None:
         self._state_changes += 1
 
+    def _own_ns_addresses(self) -> tuple[str, ...]:
+        region = self.store.regions.get(self.settings.region)
+        return () if region is None else region.ns_ipv4 + region.ns_ipv6
+
     def _mass_removal_allowed(self) -> bool:
         """The override as the settings file says now (called off the loop on every zone file read).
 
@@ -167,6 +179,8 @@ class Agent:
         self._spawn(self._sweep_tombstones, "tombstone expiry")
         if self.zone_file is not None:
             self._spawn(self.zone_file.run, "zone file watcher")
+        if self.reachability is not None:
+            self._spawn(self.reachability.run, "dns reachability")
         # Everything built so far lives as long as the process: move it out of the garbage
         # collector's generations so full collections (pauses on the answer paths) stay short.
         gc.freeze()
@@ -258,6 +272,8 @@ class Agent:
         if self.usage is not None and self.usage.status.state != "ok":
             status = self.usage.status
             found.append(f"usage {status.state} ({status.code}): {status.reason}")
+        if self.reachability is not None:
+            found.extend(self.reachability.problems())
         return tuple(found)
 
     async def _publish_problems(self) -> None:
