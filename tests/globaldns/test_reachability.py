@@ -187,6 +187,29 @@ async def test_udp_only_server_fails_tcp(udp_only: tuple[UdpOnlySoa, int]) -> No
     assert server.queries == 1
 
 
+async def test_tcp_only_server_that_never_answers_fails_both() -> None:
+    """A TCP listener that accepts and stays silent (a half-configured load balancer), nothing on UDP."""
+    accepted = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    port = free_port()
+    server = await asyncio.start_server(silent, "127.0.0.1", port)
+    try:
+        udp, tcp = await check_reachability(["127.0.0.1"], ZONE, port=port, timeout=0.3)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert tcp == TransportResult("127.0.0.1", "tcp", False, "no answer within 0.3 s")
+    assert accepted == 1
+    # Nothing listens on UDP: the port-unreachable comes back as refused, or the query times out.
+    assert not udp.ok and udp.error in {"ConnectionRefusedError: Connection refused", "no answer within 0.3 s"}
+
+
 async def test_a_failing_transport_degrades_the_agent_until_it_answers(
         tmp_path: Path, udp_only: tuple[UdpOnlySoa, int]) -> None:
     server, port = udp_only
