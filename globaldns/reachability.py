@@ -242,6 +242,9 @@ class ReachabilityMonitor:
         addresses = self.addresses()
         failed = False
         transports: list[TransportResult] = []
+        if not addresses and self.rounds == 0:
+            logger.warning("reachability not checked: no public_addresses set and this region has no name-server "
+                           "address in the state (ns_ipv4, ns_ipv6) yet")
         if addresses:
             transports = await check_reachability(addresses, self.zone, port=self.settings.port,
                                                   timeout=self.settings.timeout)
@@ -265,7 +268,7 @@ class ReachabilityMonitor:
         self._log_changes(transports, delegation)
         self.transports, self.delegation = transports, delegation
         self.rounds += 1
-        if not failed:
+        if not failed and (addresses or resolver is not None):  # a round that checked nothing is no success
             self._last_success.set(time.time())
         return not failed
 

@@ -173,8 +173,8 @@ async def test_the_agent_checks_its_own_name_server_and_exports_it(tmp_path: Pat
         await wait_for(lambda: sample("udp") == 1 and sample("tcp") == 1, timeout=10, message="reachable both")
         assert agent.reachability.addresses() == ["127.0.0.1"]
         assert agent.problems() == ()
-        assert agent.registry.get_sample_value(
-            "region_agent_dns_reachability_last_success_timestamp_seconds") is not None
+        last_success = agent.registry.get_sample_value("region_agent_dns_reachability_last_success_timestamp_seconds")
+        assert last_success is not None and last_success > agent.started_at
     finally:
         await agent.stop()
 
@@ -322,3 +322,18 @@ async def test_monitor_exports_the_delegation_state(parent: tuple[str, int]) -> 
               for s in ("ok", "partial", "missing", "unknown")}
     assert states == {"ok": 0, "partial": 1, "missing": 0, "unknown": 0}
     assert monitor.problems() == []  # no transport checked (no addresses): a delegation is not an agent problem
+
+
+async def test_a_round_without_addresses_checks_nothing_and_claims_nothing() -> None:
+    registry = CollectorRegistry()
+    known: list[str] = []
+    monitor = ReachabilityMonitor(ReachabilitySettings(port=free_port(), timeout=0.3), zone=ZONE,
+                                  own_addresses=lambda: known, expected_ns=lambda: (), registry=registry)
+    assert await monitor.check_once() is True
+    assert monitor.transports == [] and monitor.problems() == []
+    assert registry.get_sample_value("region_agent_dns_reachable", {"transport": "udp"}) is None
+    assert registry.get_sample_value("region_agent_dns_reachability_last_success_timestamp_seconds") == 0  # never
+    known.append("127.0.0.1")  # the region's name-server address arrives in the state: the next round asks it
+    assert await monitor.check_once() is False
+    assert [r.transport for r in monitor.transports if not r.ok] == ["udp", "tcp"]
+    assert registry.get_sample_value("region_agent_dns_reachable", {"transport": "tcp"}) == 0
