@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and benches drive: dig/nsupdate, PowerDNS 4.7 with LUA
-# records (the reference the differential test compares against), dnsperf and wrk (benches).
+# records (the reference the differential test compares against), dnsperf and wrk (benches), and
+# prometheus for promtool (the example alert rules and the /metrics format, tests/deploy/).
 set -euo pipefail
-packages=(bind9-dnsutils pdns-server pdns-backend-bind dnsperf wrk)
+packages=(bind9-dnsutils pdns-server pdns-backend-bind dnsperf wrk prometheus)
 missing=()
 command -v dig >/dev/null 2>&1 || missing+=(bind9-dnsutils)
 command -v pdns_server >/dev/null 2>&1 || missing+=(pdns-server)
 [[ -n $(find /usr/lib -name libbindbackend.so 2>/dev/null | head -1) ]] || missing+=(pdns-backend-bind)
 command -v dnsperf >/dev/null 2>&1 || missing+=(dnsperf)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if (( ${#missing[@]} == 0 )); then
   exit 0
 fi
@@ -20,4 +22,6 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq "${missing[@]}" >/dev/null
 # The Debian package may start a pdns service listening on :53; the tests start their own.
+# Likewise the prometheus package's server (:9090); the tests only run promtool.
 if command -v systemctl >/dev/null 2>&1; then systemctl disable --now pdns >/dev/null 2>&1 || true; fi
+if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
