@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and benches drive: dig/nsupdate, PowerDNS 4.7 with LUA
 # records (the reference the differential test compares against), dnsperf and wrk (benches), and
-# prometheus for promtool (the example alert rules and the /metrics format, tests/deploy/).
+# prometheus for promtool (the example alert rules and the /metrics format, tests/deploy/), and
+# podman, buildah, runc, debootstrap and tini for the image test, whose base image and wheels
+# container/prepare-base.sh makes once (it needs the network; the test does not).
 set -euo pipefail
-packages=(bind9-dnsutils pdns-server pdns-backend-bind dnsperf wrk prometheus)
+packages=(bind9-dnsutils pdns-server pdns-backend-bind dnsperf wrk prometheus podman buildah runc debootstrap tini)
 missing=()
 command -v dig >/dev/null 2>&1 || missing+=(bind9-dnsutils)
 command -v pdns_server >/dev/null 2>&1 || missing+=(pdns-server)
@@ -11,7 +13,9 @@ command -v pdns_server >/dev/null 2>&1 || missing+=(pdns-server)
 command -v dnsperf >/dev/null 2>&1 || missing+=(dnsperf)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+for tool in podman buildah runc debootstrap tini; do command -v $tool >/dev/null 2>&1 || missing+=($tool); done
 if (( ${#missing[@]} == 0 )); then
+  bash "$(dirname "$0")/../container/prepare-base.sh" || echo "system-packages: no image test cache" >&2
   exit 0
 fi
 if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
@@ -25,3 +29,4 @@ apt-get install -y -qq "${missing[@]}" >/dev/null
 # Likewise the prometheus package's server (:9090); the tests only run promtool.
 if command -v systemctl >/dev/null 2>&1; then systemctl disable --now pdns >/dev/null 2>&1 || true; fi
 if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+bash "$(dirname "$0")/../container/prepare-base.sh" || echo "system-packages: no image test cache" >&2
