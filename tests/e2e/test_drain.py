@@ -27,7 +27,8 @@ projects:
 """
 
 
-def _start(tmp_path: Path, drain: float) -> tuple[subprocess.Popen[bytes], int, int, Path]:
+def _start(tmp_path: Path, drain: float, extra_env: dict[str, str] | None = None,
+           ) -> tuple[subprocess.Popen[bytes], int, int, Path]:
     """``region-agent run`` with ``drain`` seconds of shutdown drain: (process, DNS port, public port, log)."""
     (tmp_path / "zone.yaml").write_text(ZONE)
     dns_port, http_port, operator_port, check_port = free_port(), free_port(), free_port(), free_port()
@@ -41,6 +42,7 @@ checks: {{host: runr-health.g.example.com, port: {check_port}, interval: 0.5, ti
 health: {{listen_addresses: [127.0.0.1], port: {http_port}, operator_port: {operator_port}}}
 """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}  # not the tests' drain 0
+    env.update(extra_env or {})
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], env=env,
@@ -116,3 +118,32 @@ async def test_a_second_sigterm_ends_the_drain(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=5)
+
+
+async def test_the_health_sidecar_reports_the_drain(tmp_path: Path) -> None:
+    """With `health.mode: sidecar` (the chart's healthSidecar), the sidecar's /readyz follows the agent's drain."""
+    process, dns_port, _http_port, log = _start(tmp_path, DRAIN, extra_env={
+        "REGION_AGENT_HEALTH__MODE": "sidecar", "REGION_AGENT_HEALTH__FEED_SOCKET": str(tmp_path / "feed.sock"),
+        "REGION_AGENT_HEALTH__SIDECAR_OPERATOR_PORT": str(free_port())})
+    sidecar_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
+    env.update({"REGION_AGENT_HEALTH__MODE": "sidecar", "REGION_AGENT_HEALTH__FEED_SOCKET": str(tmp_path / "feed.sock"),
+                "REGION_AGENT_HEALTH__PORT": str(sidecar_port),
+                "REGION_AGENT_HEALTH__SIDECAR_OPERATOR_PORT": str(free_port())})
+    with (tmp_path / "sidecar.log").open("wb") as out:
+        sidecar = subprocess.Popen([sys.executable, "-m", "agent", "health", "--config", str(tmp_path / "agent.yaml")],
+                                   env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        await wait_for(lambda: _ready(sidecar_port), timeout=15, message="sidecar /readyz 200")
+        process.send_signal(signal.SIGTERM)
+        answer = await wait_for(lambda: _draining(sidecar_port), timeout=DRAIN, message="sidecar /readyz draining")
+        assert answer == (503, "not ready: draining")
+        assert process.poll() is None, log.read_text()
+        assert await _answers(dns_port) == {"127.0.0.41"}
+        await wait_for(lambda: process.poll() is not None, timeout=DRAIN + 15, message="agent exits after the drain")
+        assert process.returncode == 0, log.read_text()
+    finally:
+        for child in (process, sidecar):
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=5)
