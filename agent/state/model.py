@@ -5,7 +5,7 @@ gossip). Each key has exactly one owner, the only kind of writer allowed to chan
 
 | key | value | owner |
 | --- | --- | --- |
-| ``("region", name)`` | :class:`Region` | ``region:<name>`` (that region's agents) |
+| ``("region", name)`` | :class:`Region` | ``control`` (platform configuration: addresses, location) |
 | ``("project", slug)`` | :class:`Project` | ``control`` (the control plane) |
 | ``("copy", slug, region)`` | :class:`CopyHealth` | ``region:<region>`` |
 | ``("acme", name, rdata hex)`` | :class:`Challenge` | ``acme`` (RFC 2136 updates) |
@@ -263,8 +263,6 @@ def check_key(key: Key) -> Kind:
 
 def owner_of(key: Key) -> str:
     kind = check_key(key)
-    if kind is Kind.REGION:
-        return f"region:{key[1]}"
     if kind is Kind.COPY:
         return f"region:{key[2]}"
     if kind is Kind.ACME:

@@ -226,8 +226,8 @@ def test_serial_follows_the_state_not_the_clock() -> None:
     assert compile_zone(store.snapshot(), ZoneConfig(ZONE)).serial == first
     # A peer that merged the same entries answers the same serial. A standalone writer's
     # entries are never merged from a peer, so the peer gets them as their owners write them.
-    owned = [Entry(e.key, e.value, Version(e.version.hlc, "control/api" if e.key[0] == "project" else f"{e.key[1]}/n1"))
-             for e in store.entries()]  # regions and projects only: no copy health here
+    owned = [Entry(e.key, e.value, Version(e.version.hlc, "control/api"))
+             for e in store.entries()]  # regions and projects only (control's): no copy health here
     peer = Store(writer="control/peer", clock=HybridClock(lambda: int(time.time() * 1000)))
     assert len(peer.merge(owned).applied) == len(owned)
     assert compile_zone(peer.snapshot(), ZoneConfig(ZONE)).serial == first  # same entries, same serial

@@ -51,7 +51,7 @@ def _entry(key: Key, value: Value | None, writer: str, ms: int = WALL_MS - 1000)
 
 GOOD = [
     _entry(project_key("shop"), Project("shop", ("sfo1", "ams1")), "control/api"),
-    _entry(region_key("ams1"), Region("ams1", ipv4=("192.0.2.2",)), "ams1/n1"),
+    _entry(region_key("ams1"), Region("ams1", ipv4=("192.0.2.2",)), "control/api"),
     _entry(copy_key("shop", "ams1"), CopyHealth(True), "ams1/n1"),
 ]
 
@@ -60,7 +60,7 @@ BAD = [
     (_entry(copy_key("shop", "ams1"), CopyHealth(False, "forged"), "sfo1/n2"), "not-owner"),
     (_entry(copy_key("shop", "sfo1"), CopyHealth(False, "forged"), "standalone/laptop"), "standalone-writer"),
     (_entry(project_key("shop"), None, "standalone/laptop"), "standalone-writer"),
-    (_entry(region_key("sfo1"), Region("sfo1"), "control/api"), "not-owner"),
+    (_entry(region_key("sfo1"), Region("sfo1"), "sfo1/n2"), "not-owner"),
     (_entry(project_key("blog"), Project("blog", ("sfo1",)), "ams1/n1"), "not-owner"),
     (_entry(project_key("blog"), Project("blog", ("sfo1",)), "control"), "bad-writer"),
     (_entry(project_key("blog"), Project("blog", ("sfo1",)), "mars/n1"), "bad-writer"),

@@ -71,8 +71,8 @@ def test_hlc_refuses_a_remote_clock_far_in_the_future() -> None:
     [
         ("sfo1/node-a", copy_key("shop", "sfo1"), True),
         ("sfo1/node-a", copy_key("shop", "ams1"), False),
-        ("sfo1/node-a", region_key("sfo1"), True),
-        ("sfo1/node-a", region_key("ams1"), False),
+        ("sfo1/node-a", region_key("sfo1"), False),  # regions are platform configuration
+        ("control/api-1", region_key("sfo1"), True),
         ("sfo1/node-a", project_key("shop"), False),
         ("control/api-1", project_key("shop"), True),
         ("control/api-1", copy_key("shop", "sfo1"), False),
@@ -110,7 +110,7 @@ def _entries() -> list[Entry]:
         Entry(project_key("shop"), Project("shop", ("sfo1", "ams1")), Version(pack(100), "control/a")),
         Entry(project_key("shop"), Project("shop", ("sfo1", "ams1"), primary="ams1"), Version(pack(200), "control/b")),
         Entry(project_key("shop"), None, Version(pack(150), "control/a")),
-        Entry(region_key("sfo1"), region, Version(pack(100), "sfo1/n1")),
+        Entry(region_key("sfo1"), region, Version(pack(100), "control/a")),
         Entry(copy_key("shop", "sfo1"), CopyHealth(True), Version(pack(300), "sfo1/n1")),
         # Same HLC from two agents of one region: the writer id breaks the tie.
         Entry(copy_key("shop", "sfo1"), CopyHealth(False, "x"), Version(pack(300), "sfo1/n2")),
@@ -162,7 +162,7 @@ def test_digest_is_equal_iff_contents_are_equal_and_updates_incrementally() -> N
     b.merge(shuffled)
     assert a.digest() == b.digest()
     assert a.bucket_digests() == b.bucket_digests()
-    b.merge([Entry(region_key("ams1"), Region("ams1"), Version(pack(999), "ams1/n1"))])
+    b.merge([Entry(region_key("ams1"), Region("ams1"), Version(pack(999), "control/n1"))])
     assert a.digest() != b.digest()
     differing = [i for i, (x, y) in enumerate(zip(a.bucket_digests(), b.bucket_digests(), strict=True)) if x != y]
     assert [e.key for e in b.entries_in_buckets(differing) if e.key not in {x.key for x in a.entries()}] == [
