@@ -6,7 +6,8 @@ The zone for apex Z holds:
   every region with a name-server address, with glue A/AAAA in the additional section;
 * ``ns-<region>.Z``: the glue addresses;
 * ``<slug>.Z``: each project's A/AAAA, TTL ``record_ttl`` (30 s), chosen by
-  :mod:`globaldns.selection` (``ha``) or per client (``proximity``).
+  :mod:`globaldns.selection` (``ha``) or per client (``proximity``). A fenced region
+  (``state.fenced``) is left out of every project's answers, the all-down ones included.
 
 Every name is compiled for A, AAAA, NS, SOA, ANY and NODATA, so a query costs a dict
 lookup; only proximity answers are chosen per query, by the :class:`Locator`.
@@ -133,7 +134,8 @@ class ZoneBuild:
         self._state, self._config, self._health_known, self._locator = state, config, health_known, locator
         self._apex = name_from_text(config.apex)
         self._regions = dict(sorted(state.regions.items()))
-        self._basis = (config, health_known, locator, tuple(self._regions.items()))
+        self._fenced = frozenset(state.fenced)
+        self._basis = (config, health_known, locator, tuple(self._regions.items()), tuple(sorted(self._fenced)))
         self._infra = _compile_infrastructure(self._apex, self._regions, config, zone_serial(state))
         if previous is not None and changed_projects is not None and previous.basis == self._basis:
             self._projects = dict(previous.projects)
@@ -178,7 +180,7 @@ class ZoneBuild:
         if missing:
             report.problems.append(f"project {slug}: unknown region(s) {', '.join(missing)} left out")
         compiled = _compile_project(owner, project, self._regions, self._state.copies, config, self._health_known,
-                                    self._locator)
+                                    self._locator, self._fenced)
         self._projects[slug] = compiled
         self._nodes[owner] = compiled.node
         self.compiled += 1
@@ -278,6 +280,7 @@ def _compile_project(
     config: ZoneConfig,
     health_known: bool,
     locator: Locator | None,
+    fenced: Collection[str] = frozenset(),
 ) -> CompiledProject:
     suffixes = suffix_offsets(owner)
     ttl = config.record_ttl
@@ -297,14 +300,15 @@ def _compile_project(
         targets.append({
             "region": region_name,
             "addresses": list(region.ipv4 + region.ipv6) if region else [],
-            "health": "unknown" if copy is None else ("healthy" if copy.healthy else "unhealthy"),
+            "health": "fenced" if region_name in fenced else
+                      "unknown" if copy is None else ("healthy" if copy.healthy else "unhealthy"),
             "reason": "" if copy is None else copy.reason,
             "failed_addresses": [] if copy is None else list(copy.failed_addresses),
         })
     for qtype, family in FAMILIES:
         groups = [
             [(address, health_known and _health(copies.get((project.slug, r)), address))
-             for r in group if r in regions for address in regions[r].addresses(family)]
+             for r in group if r in regions and r not in fenced for address in regions[r].addresses(family)]
             for group in project.groups
         ]
         if not health_known:
@@ -314,7 +318,7 @@ def _compile_project(
         elif project.mode is Mode.HA:
             selection = ifurlup(groups, project.all_down)
         else:
-            proximity = _proximity(owner, project, regions, copies, family, ttl, suffixes, locator)
+            proximity = _proximity(owner, project, regions, copies, family, ttl, suffixes, locator, fenced)
             if proximity is not None:
                 dynamic[qtype] = proximity
                 answers["A" if family == 4 else "AAAA"] = {
@@ -344,13 +348,14 @@ def _proximity(
     ttl: int,
     suffixes: dict[bytes, int],
     locator: Locator | None,
+    fenced: Collection[str] = frozenset(),
 ) -> ProximityAnswer | None:
     """Per-region replies for the healthy regions, or None when none is healthy."""
     by_region: dict[str, Reply] = {}
     every: list[str] = []
     for name in project.regions:
         region = regions.get(name)
-        if region is None:
+        if region is None or name in fenced:
             continue
         copy = copies.get((project.slug, name))
         healthy = tuple(a for a in region.addresses(family) if _health(copy, a))

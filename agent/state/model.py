@@ -9,6 +9,7 @@ gossip). Each key has exactly one owner, the only kind of writer allowed to chan
 | ``("project", slug)`` | :class:`Project` | ``control`` (the control plane) |
 | ``("copy", slug, region)`` | :class:`CopyHealth` | ``region:<region>`` |
 | ``("acme", name, rdata hex)`` | :class:`Challenge` | ``acme`` (RFC 2136 updates) |
+| ``("fence", region)`` | :class:`Fence` | ``control`` (a region taken out of every answer) |
 
 Writer ids say which owner roles they hold: ``<region>/<node>`` for an agent,
 ``control/<id>`` for the control plane, ``acme/<node>`` for an agent writing what a signed
@@ -35,6 +36,7 @@ class Kind(enum.StrEnum):
     PROJECT = "project"
     COPY = "copy"
     ACME = "acme"
+    FENCE = "fence"
 
 
 Key = tuple[str, ...]
@@ -220,13 +222,38 @@ class Challenge:
                    expires_at=int(data["expires_at"]))
 
 
-Value = Region | Project | CopyHealth | Challenge
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A region the control plane took out of every answer, whatever its copies report.
 
-_CODECS: dict[Kind, type[Region] | type[Project] | type[CopyHealth] | type[Challenge]] = {
+    Unfencing deletes the record (a tombstone), so fencing follows last-writer-wins like
+    any other control write.
+    """
+
+    region: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        region_name(self.region)
+        if len(self.reason) > 256:
+            raise ModelError(f"fence {self.region}: reason is longer than 256 characters")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"region": self.region, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Fence:
+        return cls(region=str(data["region"]), reason=str(data.get("reason") or ""))
+
+
+Value = Region | Project | CopyHealth | Challenge | Fence
+
+_CODECS: dict[Kind, type[Region] | type[Project] | type[CopyHealth] | type[Challenge] | type[Fence]] = {
     Kind.REGION: Region,
     Kind.PROJECT: Project,
     Kind.COPY: CopyHealth,
     Kind.ACME: Challenge,
+    Kind.FENCE: Fence,
 }
 
 
@@ -246,8 +273,13 @@ def challenge_key(name: str, rdata: bytes) -> Key:
     return (Kind.ACME.value, name, rdata.hex())
 
 
+def fence_key(region: str) -> Key:
+    return (Kind.FENCE.value, region)
+
+
 _SHAPES: dict[str, tuple[Kind, int]] = {Kind.REGION.value: (Kind.REGION, 2), Kind.PROJECT.value: (Kind.PROJECT, 2),
-                                         Kind.COPY.value: (Kind.COPY, 3), Kind.ACME.value: (Kind.ACME, 3)}
+                                         Kind.COPY.value: (Kind.COPY, 3), Kind.ACME.value: (Kind.ACME, 3),
+                                         Kind.FENCE.value: (Kind.FENCE, 2)}
 
 
 def check_key(key: Key) -> Kind:
@@ -323,6 +355,8 @@ def value_matches(key: Key, value: Value) -> bool:
         return value.slug == key[1]
     if isinstance(value, Challenge):
         return (value.name, value.rdata.hex()) == key[1:]
+    if isinstance(value, Fence):
+        return value.region == key[1]
     return True
 
 

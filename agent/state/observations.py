@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from agent.state.model import Challenge, CopyHealth, Project, Region
+from agent.state.model import Challenge, CopyHealth, Fence, Project, Region
 from agent.state.store import StateView
 
 CopyId = tuple[str, str]  # (slug, region)
@@ -121,6 +121,10 @@ class ObservedState:
     @property
     def challenges(self) -> Mapping[str, Mapping[bytes, Challenge]]:
         return self._state.challenges
+
+    @property
+    def fenced(self) -> Mapping[str, Fence]:
+        return self._state.fenced
 
     @property
     def newest_hlc(self) -> int:

@@ -47,6 +47,7 @@ from agent.state.model import (
     STANDALONE,
     Challenge,
     CopyHealth,
+    Fence,
     Key,
     Kind,
     ModelError,
@@ -172,6 +173,9 @@ class StateView(Protocol):
     def challenges(self) -> Mapping[str, Mapping[bytes, Challenge]]: ...
 
     @property
+    def fenced(self) -> Mapping[str, Fence]: ...
+
+    @property
     def newest_hlc(self) -> int: ...
 
 
@@ -185,6 +189,7 @@ class Snapshot:
     newest_hlc: int
     digest: str
     challenges: dict[str, dict[bytes, Challenge]] = field(default_factory=dict)
+    fenced: dict[str, Fence] = field(default_factory=dict)
 
 
 Listener = Callable[[list[Entry]], None]
@@ -222,6 +227,7 @@ class Store:
         self._projects: dict[str, Project] = {}
         self._copies: dict[tuple[str, str], CopyHealth] = {}
         self._challenges: dict[str, dict[bytes, Challenge]] = {}  # name → TXT rdata → record
+        self._fenced: dict[str, Fence] = {}  # region → its fence
         self._newest_hlc = 0
 
     # --- reads --------------------------------------------------------------------------
@@ -253,7 +259,8 @@ class Store:
 
     def entries_in_buckets(self, buckets: Iterable[int]) -> list[Entry]:
         wanted = set(buckets)
-        return [e for e in self._entries.values() if bucket_of(e.key) in wanted]
+        entries = self._entries
+        return [entries[key] for key, (bucket, _) in self._hashes.items() if bucket in wanted]
 
     @property
     def regions(self) -> Mapping[str, Region]:
@@ -272,13 +279,18 @@ class Store:
         return self._challenges
 
     @property
+    def fenced(self) -> Mapping[str, Fence]:
+        return self._fenced
+
+    @property
     def newest_hlc(self) -> int:
         """The greatest version this store has applied (tombstones included)."""
         return self._newest_hlc
 
     def snapshot(self) -> Snapshot:
         return Snapshot(dict(self._regions), dict(self._projects), dict(self._copies), self._newest_hlc,
-                        self.digest(), {name: dict(values) for name, values in self._challenges.items()})
+                        self.digest(), {name: dict(values) for name, values in self._challenges.items()},
+                        dict(self._fenced))
 
     # --- local writes -------------------------------------------------------------------
 
@@ -420,6 +432,8 @@ class Store:
             _set_or_pop(values, bytes.fromhex(key[2]), value)
             if not values:
                 del self._challenges[key[1]]
+        elif key[0] == Kind.FENCE.value:
+            _set_or_pop(self._fenced, key[1], value)
         else:
             _set_or_pop(self._copies, (key[1], key[2]), value)
 
