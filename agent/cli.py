@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     zone.set_defaults(func=cmd_zone)
     check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))
     check.set_defaults(func=cmd_check_config)
+    from agent.keys import add_keys_parser
+
+    add_keys_parser(sub)
     return parser
 
 

@@ -5,11 +5,12 @@ Every datagram is sealed by the :class:`~agent.gossip.keyring.Keyring` and at mo
 fragmented. Push-pull messages go over TCP to the same port: one connection per message, framed
 as ``length (4 bytes) | sealed(sender host str8 | sender port u16 | message)``. The sender's
 advertised address travels inside the sealed part because a TCP peer's port is ephemeral, and the
-reply must reach its gossip port. (Mutual TLS for streams is a later step of issue 9; until then
-streams are protected by the same keyring as datagrams.)
+reply must reach its gossip port. With a :class:`~agent.gossip.tls.GossipTls` the streams also run
+under mutual TLS (cluster CA, TLS 1.3), the same frame still sealed by the keyring inside; a failed
+handshake either way is counted as ``tls`` and logged at most once a minute per peer address.
 
 Datagrams and streams that fail to open are counted in ``stats.rejected`` by reason (``key``,
-``version``, ``malformed``, ``too_large``) and dropped. The receiver's methods are called from the
+``version``, ``malformed``, ``too_large``, ``tls``) and dropped. The receiver's methods are called from the
 event loop and never block (see :class:`~agent.gossip.membership.Membership`).
 """
 
@@ -20,17 +21,21 @@ import contextlib
 import functools
 import logging
 import socket
+import ssl
 import struct
+import time
 from typing import Any, Protocol
 
 from agent.gossip.keyring import OVERHEAD, Keyring, KeyringError
 from agent.gossip.messages import Address, MessageError
 from agent.gossip.stats import GossipStats
+from agent.gossip.tls import GossipTls, TlsServerStream
 
 logger = logging.getLogger("region_agent.gossip")
 
 MAX_PACKET = 1400
 STREAM_TIMEOUT = 10.0
+TLS_LOG_INTERVAL = 60.0  # seconds between two warnings about one peer's failed handshakes
 
 
 class PacketTooLargeError(ValueError):
@@ -59,8 +64,10 @@ class UdpTransport:
     """Bind with :meth:`start`, hand it to a Membership, then :meth:`attach` the membership."""
 
     def __init__(self, addr: Address, keyring: Keyring, stats: GossipStats, *, max_packet: int = MAX_PACKET,
-                 max_stream: int = 8 * 1024 * 1024) -> None:
+                 max_stream: int = 8 * 1024 * 1024, tls: GossipTls | None = None) -> None:
         self.addr = addr
+        self.tls = tls
+        self._tls_logged: dict[str, float] = {}
         self.keyring = keyring
         self.stats = stats
         self.max_packet = max_packet
@@ -72,8 +79,13 @@ class UdpTransport:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def start(cls, host: str, port: int, keyring: Keyring, stats: GossipStats, **kwargs: Any) -> UdpTransport:
-        """Listen for UDP and TCP on ``host:port``; port 0 picks one that is free for both."""
+    async def start(cls, host: str, port: int, keyring: Keyring, stats: GossipStats, *, tls: GossipTls | None = None,
+                    **kwargs: Any) -> UdpTransport:
+        """Listen for UDP and TCP on ``host:port``; port 0 picks one that is free for both.
+
+        With ``tls`` the TCP streams, both ways, run under mutual TLS (see :mod:`agent.gossip.tls`).
+        """
+        kwargs["tls"] = tls
         loop = asyncio.get_running_loop()
         for _ in range(20):
             udp_sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
@@ -147,9 +159,16 @@ class UdpTransport:
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(STREAM_TIMEOUT):
-                _, writer = await asyncio.open_connection(addr.host, addr.port)
+                if self.tls is None:
+                    _, writer = await asyncio.open_connection(addr.host, addr.port)
+                else:
+                    _, writer = await asyncio.open_connection(
+                        addr.host, addr.port, ssl=self.tls.client_context, server_hostname="",
+                        ssl_handshake_timeout=self.tls.handshake_timeout)
                 writer.write(struct.pack(">I", len(sealed)) + sealed)
                 await writer.drain()
+        except ssl.SSLError as exc:  # the peer's certificate failed here, or ours there
+            self._tls_failed(addr.host, exc)
         except (OSError, TimeoutError) as exc:
             # The peer is unreachable: the probes decide what that means, not the stream.
             logger.debug("gossip stream to %s failed: %s", addr, exc)
@@ -159,14 +178,37 @@ class UdpTransport:
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
 
+    def _tls_failed(self, host: str, exc: BaseException) -> None:
+        self.stats.rejected["tls"] += 1
+        now = time.monotonic()
+        if now - self._tls_logged.get(host, -TLS_LOG_INTERVAL) >= TLS_LOG_INTERVAL:
+            if len(self._tls_logged) > 1024:  # forget peers quiet for a minute: the map stays small
+                self._tls_logged = {h: t for h, t in self._tls_logged.items() if now - t < TLS_LOG_INTERVAL}
+            self._tls_logged[host] = now
+            logger.warning("gossip TLS handshake with %s failed (further failures of this peer counted, "
+                           "logged again after %.0f s): %s", host, TLS_LOG_INTERVAL, exc)
+
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        readexactly = reader.readexactly
+        if self.tls is not None:
+            peer = writer.get_extra_info("peername")
+            stream = TlsServerStream(reader, writer, self.tls.server_context)
+            try:
+                async with asyncio.timeout(self.tls.handshake_timeout):
+                    await stream.handshake()
+            except (OSError, TimeoutError, EOFError) as exc:  # SSLError, a reset, the handshake timeout
+                writer.close()
+                self._tls_failed(str(peer[0]) if peer else "?",
+                                 exc if str(exc) else TimeoutError(f"no handshake in {self.tls.handshake_timeout} s"))
+                return
+            readexactly = stream.readexactly
         try:
             async with asyncio.timeout(STREAM_TIMEOUT):
-                (size,) = struct.unpack(">I", await reader.readexactly(4))
+                (size,) = struct.unpack(">I", await readexactly(4))
                 if size > self.max_stream + 512:
                     self.stats.rejected["too_large"] += 1
                     return
-                sealed = await reader.readexactly(size)
+                sealed = await readexactly(size)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             self.stats.rejected["malformed"] += 1
             return
