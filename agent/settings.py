@@ -20,6 +20,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from agent.base.names import region_name
 from agent.checks.settings import ChecksSettings
+from agent.gossip.settings import GossipSettings
 from agent.kube.settings import KubeSettings
 from agent.usage.settings import UsageSettings
 from globaldns.reachability import ReachabilitySettings
@@ -81,6 +82,7 @@ class AgentSettings(BaseSettings):
     kube: KubeSettings = Field(default_factory=KubeSettings)
     usage: UsageSettings = Field(default_factory=UsageSettings)
     reachability: ReachabilitySettings = Field(default_factory=ReachabilitySettings)
+    gossip: GossipSettings = Field(default_factory=GossipSettings)
 
     @field_validator("region")
     @classmethod
@@ -96,9 +98,9 @@ class AgentSettings(BaseSettings):
 
     @property
     def writer_id(self) -> str:
-        # With a zone file this agent is the whole system (it writes projects too); gossip
-        # and the control plane will give agents without one their narrower role.
-        scope = "standalone" if self.zone_file is not None else self.region
+        # With a zone file and no gossip this agent is the whole system (it writes every key);
+        # in a cluster it writes as its region (copy health), and a zone file is imported as control.
+        scope = "standalone" if self.zone_file is not None and not self.gossip.enabled else self.region
         return f"{scope}/{self.node}"
 
     @classmethod

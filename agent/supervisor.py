@@ -10,6 +10,11 @@ the Knative watch cache (written into the store as owned by this region, so the 
 copy stop serving the moment the watch does); every other copy, and every copy in
 standalone mode, is judged by the HTTP checks, whose results are this agent's observations
 (``agent.state.observations``), laid over the store by the zone compiler and never replicated.
+
+In a gossip cluster (``gossip.enabled``) each agent reports only its own region's copies (from
+the watch, or without Kubernetes from HTTP checks of its own region) into the store, gossip
+spreads every region's reports, and a region whose agents are all gone leaves the answers
+(``agent.liveness``). A zone file there is an import by the control role.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from agent.base.tasks import TaskSupervisor
-from agent.checks.checker import Checker
+from agent.checks.checker import Checker, StoreCopies
 from agent.settings import AgentSettings, SettingsError, load_settings
 from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
@@ -52,18 +57,25 @@ class Agent:
         self.started_at = time.time()
         self.store = Store(writer=settings.writer_id, clock=HybridClock(lambda: int(time.time() * 1000)),
                            registry=self.registry)
+        cluster = settings.gossip.enabled
         self.zone_file: ZoneFileWatcher | None = None
         if settings.zone_file is not None:
             self.zone_file = ZoneFileWatcher(settings.zone_file, self.store, self.registry,
                                              poll_interval=settings.zone_file_poll_interval,
                                              settle=settings.zone_file_settle, max_bytes=settings.zone_file_max_bytes,
-                                             allow_mass_removal=self._mass_removal_allowed)
+                                             allow_mass_removal=self._mass_removal_allowed,
+                                             writer=f"control/{settings.node}" if cluster else None)
         # What this agent's checks see of copies: beside the store, never written into it.
         self.observations = Observations()
         self.dns = ZoneService(settings.dns, self.store, self.registry, self.observations)
         self.checker = Checker(self.store, settings.checks.config(f"region-agent/{VERSION}"), self.registry,
                                skip_region=settings.region if settings.kubernetes else None,
-                               observations=self.observations)
+                               only_region=settings.region if cluster else None,
+                               observations=StoreCopies(self.store) if cluster else self.observations)
+        self.gossip: Any = None  # agent.gossip.node.GossipNode in a cluster
+        self.replica: Any = None  # agent.replication.StoreReplica in a cluster
+        self.liveness: Any = None  # agent.liveness.RegionLiveness in a cluster
+        self.keyring_watcher: Any = None
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": Document(self.zone_description, self.zone_generation)})
         self.reachability: ReachabilityMonitor | None = None
@@ -100,7 +112,8 @@ class Agent:
         now = time.time()
         common = {"region": self.settings.region, "started_at": self.started_at, "generated_at": now,
                   "zone_serial": None if tables is None else tables.serial, "zone_digest": self.store.digest(),
-                  "degraded": self.problems(), "draining": self._stop.is_set()}
+                  "degraded": self.problems(), "draining": self._stop.is_set(),
+                  "members": None if self.gossip is None else self._members_by_region()}
         if self.kube is None:
             ready = self.ready.is_set()
             return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
@@ -110,6 +123,13 @@ class Agent:
         return RegionView(synced=snap.synced, synced_at=snap.synced_at, last_event_at=snap.last_event_at,
                           watch_errors=snap.watch_errors, copies=self._expected_copies(snap.copies),
                           bindings=snap.bindings, **common)  # type: ignore[arg-type]
+
+    def _members_by_region(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for region in (view.member.region for view in self.gossip.members()
+                       if view.state.name in ("ALIVE", "SUSPECT")):
+            counts[region] = counts.get(region, 0) + 1
+        return counts
 
     def _expected_copies(self, copies: dict[str, CopyStatus]) -> dict[str, CopyStatus]:
         """The watched copies, plus a not-found entry for every project that should have one here.
@@ -165,6 +185,8 @@ class Agent:
     async def start(self) -> None:
         if self.zone_file is not None:
             await self.zone_file.load()  # a bad file at start is fatal: there is no old zone to keep
+        if self.settings.gossip.enabled:
+            await self._start_gossip()
         await self.dns.start()
         await self.health.start()
         self.health.publish(self.region_view())
@@ -184,6 +206,51 @@ class Agent:
         # Everything built so far lives as long as the process: move it out of the garbage
         # collector's generations so full collections (pauses on the answer paths) stay short.
         gc.freeze()
+
+    async def _start_gossip(self) -> None:
+        """Bind the gossip port, then join and sync in the background (the zone is served meanwhile)."""
+        from agent.gossip.keyfile import KeyringWatcher, load_keyring
+        from agent.gossip.metrics import register
+        from agent.gossip.node import GossipNode
+        from agent.liveness import RegionLiveness
+        from agent.replication import StoreReplica
+
+        g = self.settings.gossip
+        assert g.keyring_file is not None  # the settings require it
+        try:
+            keyring = load_keyring(g.keyring_file)
+        except (ValueError, OSError) as exc:
+            raise SettingsError(f"gossip.keyring_file: {exc}") from exc
+        tls = None
+        if g.tls_ca_file is not None and g.tls_cert_file is not None and g.tls_key_file is not None:
+            from agent.gossip.tls import GossipTls
+
+            try:
+                tls = GossipTls.from_files(g.tls_ca_file, g.tls_cert_file, g.tls_key_file)
+            except (ValueError, OSError) as exc:
+                raise SettingsError(f"gossip.tls_*: {exc}") from exc
+        self.replica = StoreReplica(self.store, self.registry)
+        self.liveness = RegionLiveness(self.store, self.observations, self.settings.region)
+        node = self.gossip = GossipNode(g, region=self.settings.region, node=self.settings.node, keyring=keyring,
+                                        replica=self.replica, tls=tls)
+        try:
+            await node.start()
+        except OSError as exc:
+            raise SettingsError(f"gossip.port: can not listen on {g.bind_address} port {g.port}: "
+                                f"{exc.strerror or exc}") from exc
+        register(node, self.registry)
+        node.user_handlers.append(self.replica.user_message)
+        self.replica.attach(node.broadcast, node.sync_now)
+        node.member_listeners.append(self._on_member_change)
+        self.keyring_watcher = KeyringWatcher(g.keyring_file, keyring)
+        self._spawn(node.run_join, "gossip join")
+        self._spawn(node.run_anti_entropy, "gossip anti-entropy")
+        self._spawn(self.keyring_watcher.run, "gossip keyring")
+
+    def _on_member_change(self, _view: Any, _previous: Any) -> None:
+        self.liveness.update(self.gossip.alive_regions())
+        if self.health.holder.get() is not None:
+            self.health.publish(self.region_view())
 
     def _spawn(self, factory: Callable[[], Coroutine[Any, Any, Any]], name: str) -> None:
         """Run ``factory()`` until shutdown; a failure is logged, counted, visible, and restarted."""
@@ -240,6 +307,11 @@ class Agent:
         await self.checker.first_round.wait()
         if self.settings.kubernetes:
             await self._kube_synced.wait()
+        if self.gossip is not None and self.gossip.anti_entropy is not None:
+            # A first exchange with a peer, so a restarted agent does not answer from an empty
+            # store; a lone first agent comes up after the timeout.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.gossip.anti_entropy.synced.wait(), self.settings.gossip.ready_sync_timeout)
         self.dns.set_health_known()
         await self.dns.compiled()  # ready means the answers follow health
         self.ready.set()
@@ -274,6 +346,8 @@ class Agent:
             found.append(f"usage {status.state} ({status.code}): {status.reason}")
         if self.reachability is not None:
             found.extend(self.reachability.problems())
+        if self.keyring_watcher is not None and self.keyring_watcher.problem is not None:
+            found.append(f"gossip keyring file refused, keeping the current keys: {self.keyring_watcher.problem}")
         return tuple(found)
 
     async def _publish_problems(self) -> None:
@@ -286,6 +360,9 @@ class Agent:
 
     async def stop(self) -> None:
         await self.tasks.stop(budget=self.settings.shutdown_budget)
+        if self.gossip is not None:
+            with contextlib.suppress(Exception):
+                await self.gossip.stop()
         with contextlib.suppress(Exception):
             await self.health.stop()
         await self.dns.stop()

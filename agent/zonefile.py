@@ -341,9 +341,13 @@ class ZoneFileWatcher:
 
     def __init__(self, path: Path, store: Store, registry: CollectorRegistry, *, poll_interval: float,
                  settle: float = 0.5, max_bytes: int = DEFAULT_MAX_BYTES,
-                 allow_mass_removal: Callable[[], bool] = lambda: False, settle_rounds: int = 20) -> None:
+                 allow_mass_removal: Callable[[], bool] = lambda: False, settle_rounds: int = 20,
+                 writer: str | None = None) -> None:
         self.path = path
         self.store = store
+        # In cluster mode the file is an import by the control role (``control/<node>``): it writes
+        # regions and projects, never copy health, which only each copy's region writes.
+        self.writer = writer
         self.poll_interval = poll_interval
         self.settle = settle
         self.settle_rounds = settle_rounds
@@ -451,8 +455,11 @@ class ZoneFileWatcher:
             self._refused = content.digest
             raise
         copies = self.store.copies
+        if self.writer is not None:
+            writes = [(key, value) for key, value in writes if key[0] != "copy"]
         changed = len(self.store.put_many([(key, value) for key, value in writes
-                                           if value is not None or key[0] != "copy" or (key[1], key[2]) in copies]))
+                                           if value is not None or key[0] != "copy" or (key[1], key[2]) in copies],
+                                          writer=self.writer))
         self._data = data
         self._applied, self._refused, self.problem = content.digest, None, None
         self.reloads.inc()

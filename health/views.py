@@ -291,6 +291,8 @@ def region_health(
             "serial": view.zone_serial if view else None,
             "digest": view.zone_digest if view else None,
         },
+        # Gossip members alive or suspect per region (null outside a cluster): "members seen".
+        "members": dict(view.members) if view is not None and view.members is not None else None,
         "request_id": request_id,
     }
     if verbose:

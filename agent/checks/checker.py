@@ -17,13 +17,14 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agent.checks.probe import CheckTarget, Outcome, new_session, probe
 from agent.checks.rule import CheckRule, TargetHealth, TargetState
-from agent.state.model import CopyHealth, Region, region_key
+from agent.state.model import CopyHealth, Region, copy_key, region_key
 from agent.state.observations import Observations
 from agent.state.store import StateView, Store
 
@@ -47,19 +48,42 @@ class CheckConfig:
 CopyId = tuple[str, str]  # (slug, region)
 
 
-def plan_targets(state: StateView, config: CheckConfig, *, skip_region: str | None = None
-                 ) -> dict[CheckTarget, set[CopyId]]:
+class CopySink(Protocol):
+    """Where check results go: this agent's observations, or (a cluster's own region) the store."""
+
+    def put(self, copy: CopyId, health: CopyHealth) -> bool: ...
+
+    def forget(self, copies: list[CopyId]) -> None: ...
+
+
+class StoreCopies:
+    """Check results written into the replicated store as this agent's region, which owns them."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def put(self, copy: CopyId, health: CopyHealth) -> bool:
+        return self._store.put(copy_key(*copy), health) is not None
+
+    def forget(self, copies: list[CopyId]) -> None:
+        self._store.put_many([(copy_key(*copy), None) for copy in copies])
+
+
+def plan_targets(state: StateView, config: CheckConfig, *, skip_region: str | None = None,
+                 only_region: str | None = None) -> dict[CheckTarget, set[CopyId]]:
     """Every (address, URL) to check and the copies whose health it decides (pure).
 
     ``skip_region`` is this agent's own region when its copies' health comes from the
-    Kubernetes watch, which knows sooner and better than an HTTP check.
+    Kubernetes watch, which knows sooner and better than an HTTP check. ``only_region`` is this
+    agent's own region in a gossip cluster without Kubernetes: it reports its own copies, and the
+    other regions report theirs.
     """
     plan: dict[CheckTarget, set[CopyId]] = {}
     for slug, project in state.projects.items():
         path = config.path.format(slug=slug)
         for region_name in project.regions:
             region = state.regions.get(region_name)
-            if region is None or region_name == skip_region:
+            if region is None or region_name == skip_region or only_region not in (None, region_name):
                 continue
             for address in region.ipv4 + region.ipv6:
                 target = CheckTarget(address, config.port, config.host_header(), path)
@@ -116,12 +140,14 @@ LOCAL_ERROR_MEMORY = 30.0
 
 class Checker:
     def __init__(self, store: Store, config: CheckConfig, registry: CollectorRegistry, *,
-                 skip_region: str | None = None, observations: Observations | None = None) -> None:
+                 skip_region: str | None = None, only_region: str | None = None,
+                 observations: CopySink | None = None) -> None:
         """Checks the copies ``store`` names; what they find goes to ``observations``, never the store."""
         self.store = store
         self.observations = observations if observations is not None else Observations()
         self.config = config
         self.skip_region = skip_region
+        self.only_region = only_region
         self.metrics = CheckMetrics(registry)
         self.first_round = asyncio.Event()
         self.states: dict[CheckTarget, TargetState] = {}
@@ -186,7 +212,7 @@ class Checker:
         if self._session is None:
             return
         self.metrics.reconciles.inc()
-        plan = plan_targets(state, self.config, skip_region=self.skip_region)
+        plan = plan_targets(state, self.config, skip_region=self.skip_region, only_region=self.only_region)
         for target in list(self._tasks):
             if target not in plan:
                 self._tasks.pop(target).cancel()

@@ -48,6 +48,7 @@ from agent.gossip.messages import (
     Single,
     State,
     Suspect,
+    Sync,
     User,
     decode,
     decode_parts,
@@ -157,6 +158,7 @@ class Membership:
         self._pending: dict[int, _Probe | _Relay] = {}
         self._suspicions: dict[str, Suspicion] = {}
         self._seen_user: OrderedDict[str, None] = OrderedDict()
+        self.rtt: dict[str, float] = {}   # member name → seconds of its last acked probe
         self._timers: dict[str, Timer] = {}
         self._failed: OrderedDict[str, tuple[Address, float]] = OrderedDict()  # reconnect candidates
         self._gossip_phase = 0.0
@@ -263,8 +265,8 @@ class Membership:
             return
         try:
             message = decode(data)
-            if isinstance(message, PushPull):
-                raise MessageError("push-pull over a datagram")
+            if isinstance(message, PushPull | Sync):
+                raise MessageError("a stream message over a datagram")
             singles = decode_parts(message) if isinstance(message, Compound) else [message]
         except MessageError:
             self.stats.rejected["malformed"] += 1
@@ -344,6 +346,7 @@ class Membership:
         for name in [n for n, node in self._nodes.items()
                      if node.state in _GONE and now - node.since > self.config.gossip_to_the_dead and n != self._name]:
             del self._nodes[name]
+            self.rtt.pop(name, None)
         self._probe_list = list(self._nodes)
         self._rng.shuffle(self._probe_list)
         self._probe_index = 0
@@ -405,6 +408,8 @@ class Membership:
             return
         for timer in pending.timers:
             timer.cancel()
+        # Round trip of the probe (an indirect ack counts the relay's two extra hops too).
+        self.rtt[pending.target] = self._scheduler.now() - pending.started
         self._awareness.apply(-1)
         self._schedule("probe", pending.started + pending.interval - self._scheduler.now(), self._probe_tick)
 

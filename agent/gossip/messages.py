@@ -8,6 +8,8 @@ here, and :func:`decode` raises :class:`MessageError` and nothing else on any in
 Version history (WARNING: only append message types; the numbers are part of the protocol):
   1 — ping, ping-req, ack, nack, suspect, alive, dead (a dead from the node itself is a leave),
       compound, push-pull, user.
+  — sync (10): anti-entropy of the replicated store over streams (appended; an older agent
+      counts it as malformed and the round simply does not happen).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ MAX_USER_KEY = 128
 MAX_USER_PAYLOAD = 1024
 MAX_COMPOUND_PARTS = 64
 MAX_MEMBERS = 100_000
+MAX_SYNC_BUCKETS = 4096
+MAX_SYNC_ENTRIES = 1_000_000
+DIGEST_BYTES = 16
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024   # a push-pull of MAX_MEMBERS small records stays below it
 MAX_UINT32 = 0xFFFF_FFFF
 
@@ -58,6 +63,7 @@ class MessageType(IntEnum):
     COMPOUND = 7
     PUSH_PULL = 8
     USER = 9
+    SYNC = 10
 
 
 class Role(StrEnum):
@@ -283,6 +289,45 @@ class PushPull:
         _check(len({s.member.name for s in self.states}) == len(self.states), "a member twice in a push-pull")
 
 
+class SyncPhase(IntEnum):
+    """The steps of one anti-entropy round (see :mod:`agent.gossip.sync`)."""
+
+    OFFER = 0     # initiator → peer: my whole digest
+    DIGESTS = 1   # peer → initiator: they differ, here are my bucket digests
+    ENTRIES = 2   # initiator → peer: my entries of the differing buckets, and my digests of them
+    FINAL = 3     # peer → initiator: my entries of the buckets where you still lack something
+
+
+_PHASES: Final = tuple(SyncPhase)
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """One anti-entropy step: opaque digests and entries; the store behind a delegate reads them."""
+
+    phase: SyncPhase
+    round: int
+    origin: str
+    digest: bytes = b""
+    buckets: tuple[tuple[int, bytes], ...] = ()
+    entries: tuple[bytes, ...] = ()
+    more: bool = False
+
+    def __post_init__(self) -> None:
+        _check(_typed(self.phase, SyncPhase), f"bad sync phase: {self.phase!r}")
+        _check_u32(self.round, "sync round")
+        _check_text(self.origin, "origin", _NAME_RE, MAX_NAME)
+        _check(_typed(self.digest, bytes) and len(self.digest) in (0, DIGEST_BYTES), "bad sync digest")
+        _check(_typed(self.buckets, tuple) and len(self.buckets) <= MAX_SYNC_BUCKETS, "too many sync buckets")
+        for row in self.buckets:
+            ok = _typed(row, tuple) and len(row) == 2  # runtime check: rows may come from untyped code
+            ok = ok and _typed(row[0], int) and not _typed(row[0], bool) and 0 <= row[0] < MAX_SYNC_BUCKETS
+            _check(ok and _typed(row[1], bytes) and len(row[1]) == DIGEST_BYTES, "bad sync bucket")
+        _check(_typed(self.entries, tuple) and len(self.entries) <= MAX_SYNC_ENTRIES, "too many sync entries")
+        _check(all(_typed(e, bytes) and 0 < len(e) <= 0xFFFF for e in self.entries), "bad sync entry")
+        _check(_typed(self.more, bool), "bad sync flag")
+
+
 Single = Ping | PingReq | Ack | Nack | Suspect | Alive | Dead | User
 
 
@@ -297,12 +342,13 @@ class Compound:
         _check(all(_typed(p, bytes) and 2 <= len(p) <= 0xFFFF for p in self.parts), "bad compound part")
 
 
-Message = Single | Compound | PushPull
+Message = Single | Compound | PushPull | Sync
 
 _TYPES: Final[dict[type, MessageType]] = {
     Ping: MessageType.PING, PingReq: MessageType.PING_REQ, Ack: MessageType.ACK, Nack: MessageType.NACK,
     Suspect: MessageType.SUSPECT, Alive: MessageType.ALIVE, Dead: MessageType.DEAD,
     Compound: MessageType.COMPOUND, PushPull: MessageType.PUSH_PULL, User: MessageType.USER,
+    Sync: MessageType.SYNC,
 }
 
 
@@ -391,6 +437,19 @@ def encode(message: Message) -> bytes:
             for row in states:
                 w.member(row.member)
                 w.u8(row.state)
+        case Sync(phase, round_, origin, digest, buckets, entries, more):
+            w.u8(phase)
+            w.u32(round_)
+            w.str8(origin)
+            w.u8(int(more))
+            w.bytes16(digest)
+            w.u16(len(buckets))
+            for bucket, bucket_digest in buckets:
+                w.u16(bucket)
+                w.buf += bucket_digest
+            w.u32(len(entries))
+            for entry in entries:
+                w.bytes16(entry)
     return bytes(w.buf)
 
 
@@ -500,6 +559,17 @@ def decode(data: bytes) -> Message:
             _check(state < len(_STATES), "unknown member state")
             states.append(MemberState(member, _STATES[state]))
         message = PushPull(bool(flags & 1), bool(flags & 2), tuple(states))
+    elif kind == MessageType.SYNC:
+        phase = r.u8()
+        _check(phase < len(_PHASES), "unknown sync phase")
+        round_, origin, more, digest = r.u32(), r.str8(), r.flag(), r.bytes16()
+        count = r.u16()
+        _check(count <= MAX_SYNC_BUCKETS, "too many sync buckets")
+        buckets = tuple((r.u16(), r.take(DIGEST_BYTES)) for _ in range(count))
+        count = r.u32()
+        _check(count <= MAX_SYNC_ENTRIES, "too many sync entries")
+        entries = tuple(r.bytes16() for _ in range(count))
+        message = Sync(_PHASES[phase], round_, origin, digest, buckets, entries, more)
     else:
         raise MessageError(f"unknown message type {kind}")
     r.done()
@@ -511,7 +581,7 @@ def decode_parts(compound: Compound) -> list[Single]:
     parts: list[Single] = []
     for part in compound.parts:
         message = decode(part)
-        if isinstance(message, Compound | PushPull):
-            raise MessageError("nested compound or push-pull in a compound")
+        if isinstance(message, Compound | PushPull | Sync):
+            raise MessageError("nested compound, push-pull or sync in a compound")
         parts.append(message)
     return parts

@@ -103,6 +103,8 @@ class RegionView:
     # restarting): the region reports degraded; the text is shown to operators only.
     degraded: tuple[str, ...] = ()
     draining: bool = False  # SIGTERM received: /readyz answers 503 while DNS still answers
+    # Gossip members alive or suspect, by region (None: not in a cluster).
+    members: Mapping[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +115,7 @@ class RegionView:
             "bindings": [b.to_dict() for b in self.bindings],
             "zone_serial": self.zone_serial, "zone_digest": self.zone_digest,
             "degraded": list(self.degraded), "draining": self.draining,
+            "members": None if self.members is None else dict(self.members),
         }
 
     @classmethod
@@ -127,4 +130,5 @@ class RegionView:
             bindings=tuple(BindingStatus.from_dict(b) for b in data.get("bindings") or ()),
             zone_serial=data.get("zone_serial"), zone_digest=data.get("zone_digest"),
             degraded=tuple(data.get("degraded") or ()),
+            members=data.get("members"),
         )
