@@ -201,7 +201,7 @@ class GossipTls:
                  handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
         self.paths = (Path(ca), Path(cert), Path(key))
         self.handshake_timeout = handshake_timeout
-        self.problem: str | None = None
+        self._problem: str | None = None
         self._signature = _signature(self.paths)
         self._contexts = _load(*self.paths)
 
@@ -210,6 +210,11 @@ class GossipTls:
                    handshake_timeout: float = HANDSHAKE_TIMEOUT) -> GossipTls:
         """Load and check the files now; raises :class:`TlsConfigError` naming the file that is wrong."""
         return cls(ca, cert, key, handshake_timeout=handshake_timeout)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the files' current content is not in use (the previous contexts are), or None."""
+        return self._problem
 
     @property
     def server_context(self) -> ssl.SSLContext:
@@ -237,19 +242,19 @@ class GossipTls:
     def reload_if_changed(self) -> bool:
         """Reload when a file changed (or the last attempt failed); True when new contexts are in use."""
         signature = _signature(self.paths)
-        if signature == self._signature and self.problem is None:
+        if signature == self._signature and self._problem is None:
             return False
         try:
             self.reload()
         except TlsConfigError as exc:
-            if str(exc) != self.problem:
+            if str(exc) != self._problem:
                 logger.warning("gossip TLS files changed but can not be used, keeping the current ones: %s", exc)
-            self.problem = str(exc)
+            self._problem = str(exc)
             self._signature = signature
             return False
-        if self.problem is not None:
+        if self._problem is not None:
             logger.info("gossip TLS files usable again")
-        self.problem = None
+        self._problem = None
         logger.info("gossip TLS certificate reloaded: %s, valid until %s", self.subject, self.not_after)
         return True
 
