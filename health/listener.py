@@ -20,6 +20,9 @@ Two roles (:class:`Role`):
   (rendered at most once per ``metrics_cache_seconds``) and the documents it is given (the
   agent's ``/zone``, rendered once per zone generation); with ``operator_token_file`` set,
   every path but ``/livez`` and ``/readyz`` needs ``Authorization: Bearer <token>``.
+  ``handlers`` hands whole path prefixes to another handler (the control API under ``/v1/``),
+  which then answers every method, does its own authentication and sets its own headers;
+  the listener only counts (kind ``api``) and logs them.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import errno
 import logging
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -89,8 +92,11 @@ class HealthListener:
         clock: Clock | None = None,
         logger: logging.Logger | None = None,
         documents: Mapping[str, Document] | None = None,
+        handlers: Mapping[str, Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]] | None = None,
     ) -> None:
         """``port`` overrides the role's port setting; ``metrics`` is shared by one process's listeners.
+
+        ``handlers``: path prefix → the handler answering every request under it (operator only).
 
         ``documents`` adds read-only JSON endpoints (path → :class:`Document`) to an operator
         listener, e.g. the agent's ``/zone``.
@@ -103,6 +109,9 @@ class HealthListener:
         self._operator = operator
         self._fixed_kinds = _OPERATOR_KINDS if operator else _PUBLIC_KINDS
         self._documents = {path: DocumentCache(doc) for path, doc in (documents or {}).items()}
+        if handlers and not operator:
+            raise ValueError("handlers are served by the operator listener only")
+        self._handlers = tuple((handlers or {}).items())
         self._source = as_source(source)
         self._settings = settings
         self._hosts = settings.operator_listen_addresses if operator else settings.listen_addresses
@@ -245,6 +254,10 @@ class HealthListener:
     # --- requests -------------------------------------------------------------------------
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if self._handlers:
+            for prefix, handler in self._handlers:
+                if request.path.startswith(prefix):
+                    return await self._delegate(handler, request)
         started = time.perf_counter()
         headers = request.headers
         request_id = self._ids.accept(headers.get("X-Request-Id"))
@@ -282,6 +295,27 @@ class HealthListener:
             method=method, path=path, status=answer.status, seconds=seconds, request_id=request_id,
             reason=answer.reason,
         )
+        return response
+
+    async def _delegate(self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+                        request: web.BaseRequest) -> web.StreamResponse:
+        """A request under a ``handlers`` prefix: answered there, counted and logged here."""
+        started = time.perf_counter()
+        try:
+            response = await handler(request)
+            request_id = response.headers.get("X-Request-Id", "")
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            request_id = self._ids.new()
+            self._log.exception("health listener: the handler of %s failed", request.path[:200],
+                                extra={"region": self._region, "request_id": request_id})
+            answer = views.server_error(region=self._region, request_id=request_id)
+            response = web.Response(status=answer.status, body=answer.body, headers=answer.headers)
+        seconds = time.perf_counter() - started
+        self._stats.observe("api", response.status, seconds)
+        self._requests.record(method=request.method, path=request.path, status=response.status, seconds=seconds,
+                              request_id=request_id, reason="")
         return response
 
     def _error_response(

@@ -22,7 +22,8 @@ from health.views import CopyCounts, Freshness, count_copies
 __all__ = ["KINDS", "LATENCY_BOUNDS", "ConnectionStats", "ListenerMetrics", "RequestStats", "ViewCollector"]
 
 # Path kinds, the only values of the `kind` label (a bounded set: never the raw path).
-KINDS = ("global-health", "region", "livez", "readyz", "metrics", "document", "malformed", "unauthorized", "other")
+KINDS = ("global-health", "region", "livez", "readyz", "metrics", "document", "malformed", "unauthorized", "other",
+         "api")
 # Handler latency is tens of microseconds; the upper buckets catch a stalled loop.
 LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 # Why the listener closed a connection itself (the `reason` label).

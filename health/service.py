@@ -14,8 +14,9 @@ In both modes the agent serves its operator listener (``operator_port``, 8087): 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.base.clock import Clock
@@ -39,8 +40,13 @@ class HealthService:
         registry: CollectorRegistry,
         clock: Clock | None = None,
         documents: Mapping[str, Document] | None = None,
+        handlers: Mapping[str, Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]] | None = None,
     ) -> None:
-        """``documents``: extra JSON endpoints of the operator listener (path → :class:`Document`)."""
+        """``documents``: extra JSON endpoints of the operator listener (path → :class:`Document`).
+
+        ``handlers``: path prefixes the operator listener hands to another handler (the control
+        API: ``{agent.control.PREFIX: ControlAPI.handle}``).
+        """
         self.settings = settings
         self.holder = ViewHolder()
         self.publisher: FeedPublisher | None = None
@@ -56,7 +62,7 @@ class HealthService:
             )
         self.operator = HealthListener(
             region=region, source=self.holder, settings=settings, registry=registry, clock=clock,
-            role=Role.OPERATOR, metrics=metrics, documents=documents,
+            role=Role.OPERATOR, metrics=metrics, documents=documents, handlers=handlers,
         )
 
     def publish(self, view: RegionView) -> None:

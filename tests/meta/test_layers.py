@@ -20,6 +20,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "agent.usage": ("agent.base", "agent.state", "agent.kube", "agent.usage"),
     "agent.checks": ("agent.base", "agent.state", "agent.checks"),
     "agent.gossip": ("agent.base", "agent.gossip"),  # membership knows nothing of projects or the store
+    "agent.cluster": ("agent.base", "agent.gossip", "agent.cluster"),  # pure quorum rules over membership
+    "agent.control": ("agent.base", "agent.state", "agent.gossip", "agent.cluster", "agent.control", "globaldns",
+                      "health"),
 }
 
 
