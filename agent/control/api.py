@@ -32,7 +32,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -427,5 +427,3 @@ def _no_body(data: Mapping[str, Any]) -> None:
     for key in data:
         raise ApiError(422, f"unknown field {key!r}: this request takes no body", f"$.{key}")
 
-
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
