@@ -76,6 +76,7 @@ class Agent:
         self.replica: Any = None  # agent.replication.StoreReplica in a cluster
         self.liveness: Any = None  # agent.liveness.RegionLiveness in a cluster
         self.keyring_watcher: Any = None
+        self.gossip_tls: Any = None
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": Document(self.zone_description, self.zone_generation)})
         self.reachability: ReachabilityMonitor | None = None
@@ -246,6 +247,9 @@ class Agent:
         self._spawn(node.run_join, "gossip join")
         self._spawn(node.run_anti_entropy, "gossip anti-entropy")
         self._spawn(self.keyring_watcher.run, "gossip keyring")
+        if tls is not None:
+            self.gossip_tls = tls
+            self._spawn(tls.run, "gossip tls")  # re-reads rotated certificate files
 
     def _on_member_change(self, _view: Any, _previous: Any) -> None:
         self.liveness.update(self.gossip.alive_regions())
@@ -348,6 +352,8 @@ class Agent:
             found.extend(self.reachability.problems())
         if self.keyring_watcher is not None and self.keyring_watcher.problem is not None:
             found.append(f"gossip keyring file refused, keeping the current keys: {self.keyring_watcher.problem}")
+        if self.gossip_tls is not None and self.gossip_tls.problem is not None:
+            found.append(f"gossip TLS files refused, keeping the current certificates: {self.gossip_tls.problem}")
         return tuple(found)
 
     async def _publish_problems(self) -> None:
