@@ -32,6 +32,9 @@ from prometheus_client import CollectorRegistry
 
 from agent.base.tasks import TaskSupervisor
 from agent.checks.checker import Checker, StoreCopies
+from agent.cluster.quorum import Quorum, has_majority
+from agent.control import PREFIX as CONTROL_PREFIX
+from agent.control import ControlAPI
 from agent.settings import AgentSettings, SettingsError, load_settings
 from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
@@ -42,12 +45,13 @@ from agent.zonefile import ZoneFileWatcher
 from globaldns.delegation import expected_ns_names
 from globaldns.reachability import ReachabilityMonitor
 from globaldns.service import ZoneService
-from health.operator import Document
+from health.operator import BearerToken, Document
 from health.service import HealthService
 
 logger = logging.getLogger("region_agent.supervisor")
 VERSION = "0.1.0"
 PROBLEM_POLL = 1.0  # seconds between looks at the agent's own problems (tasks, checks, usage)
+QUORUM_MAX_AGE = 30.0  # seconds an observation of another region counts in a quorum
 
 
 class Agent:
@@ -77,8 +81,16 @@ class Agent:
         self.liveness: Any = None  # agent.liveness.RegionLiveness in a cluster
         self.keyring_watcher: Any = None
         self.gossip_tls: Any = None
+        # The control API on the operator listener: closed (401) without the operator token file.
+        token_file = settings.health.operator_token_file
+        self.quorum = Quorum(local_region=settings.region, max_age=QUORUM_MAX_AGE, clock=time.time)
+        self.control = ControlAPI(store=self.store, node=settings.node, region=settings.region,
+                                  members=self._member_views, has_majority=self.has_majority,
+                                  digests=self._peer_digests, token=BearerToken(token_file) if token_file else None,
+                                  zone=self.zone_description, rtt=self._member_rtt)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
-                                    documents={"/zone": Document(self.zone_description, self.zone_generation)})
+                                    documents={"/zone": Document(self.zone_description, self.zone_generation)},
+                                    handlers={CONTROL_PREFIX: self.control.handle})
         self.reachability: ReachabilityMonitor | None = None
         if settings.reachability.active(settings.kubernetes):
             self.reachability = ReachabilityMonitor(
@@ -124,6 +136,35 @@ class Agent:
         return RegionView(synced=snap.synced, synced_at=snap.synced_at, last_event_at=snap.last_event_at,
                           watch_errors=snap.watch_errors, copies=self._expected_copies(snap.copies),
                           bindings=snap.bindings, **common)  # type: ignore[arg-type]
+
+    def has_majority(self) -> bool:
+        """Whether writes are accepted: alone (no gossip) always; in a cluster, with a majority of regions alive."""
+        if self.gossip is None:
+            return True
+        view = self.quorum.view(regions=self.store.regions.keys(), members=self.gossip.members(),
+                                fenced=self.store.fenced.keys())
+        return has_majority(view)
+
+    def _member_views(self) -> list[Any]:
+        """The members with ``since`` as wall time (the control API shows it to people)."""
+        if self.gossip is None:
+            return []
+        import dataclasses
+
+        return [dataclasses.replace(view, since=self.gossip.since_wall(view)) for view in self.gossip.members()]
+
+    def _member_rtt(self, name: str) -> float | None:
+        membership = None if self.gossip is None else self.gossip.membership
+        return None if membership is None else membership.rtt.get(name)
+
+    def _peer_digests(self) -> dict[str, str | None]:
+        """Every other member's store digest as last heard by anti-entropy (None: not heard yet)."""
+        if self.gossip is None or self.gossip.anti_entropy is None:
+            return {}
+        heard = self.gossip.anti_entropy.peer_digests
+        return {view.member.name: (heard[view.member.name].digest if view.member.name in heard else None)
+                for view in self.gossip.members()
+                if view.member.name != self.gossip.name and view.state.name in ("ALIVE", "SUSPECT")}
 
     def _members_by_region(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -137,10 +137,12 @@ class ControlAPI:
         retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
         wall: Callable[[], float] = time.time,
         allow_unauthenticated: bool = False,
+        rtt: Callable[[str], float | None] = lambda _name: None,
     ) -> None:
         """``token`` None refuses every request with 401 unless ``allow_unauthenticated`` (tests, demos).
 
         ``digests``: member name → the store digest it last announced (None: not heard yet).
+        ``members``: views whose ``since`` is wall time; ``rtt``: a member's last probe round trip.
         ``zone``: the zone's description (the agent's ``/zone`` document); without it
         ``/v1/zone`` describes the replicated records.
         """
@@ -158,6 +160,7 @@ class ControlAPI:
         self._max_body = max_body_bytes
         self._retry_after = retry_after_seconds
         self._allow_unauthenticated = allow_unauthenticated
+        self._rtt = rtt  # member name → seconds of this agent's last acked probe of it
         self._ids = RequestIds(region, wall=wall)
         self._openapi_body = _dumps(load_openapi())
 
@@ -356,6 +359,7 @@ class ControlAPI:
                 "name": v.member.name, "region": v.member.region, "node": v.member.node,
                 "role": v.member.role.value, "state": v.state.name.lower(), "since": v.since,
                 "address": str(v.member.addr), "incarnation": v.member.incarnation, "meta": v.member.metadata,
+                "rtt_ms": None if (rtt := self._rtt(v.member.name)) is None else round(rtt * 1000, 3),
             } for v in views],
         })
 

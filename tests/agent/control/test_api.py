@@ -388,7 +388,7 @@ async def test_members_digests_and_zone(client: Client, cluster: Cluster) -> Non
     assert body["regions"] == {"ams1": "alive", "nrt1": "silent", "sfo1": "alive", "wit1": "alive"}
     assert body["members"][0] == {"name": "ams1-n1", "region": "ams1", "node": "n1", "role": "agent",
                                   "state": "dead", "since": 12.5, "address": "127.0.0.1:7946", "incarnation": 0,
-                                  "meta": {}}
+                                  "meta": {}, "rtt_ms": None}
     assert body["members"][-1]["role"] == "witness"
     local = cluster.store.digest()
     cluster.digests = {"ams1-n2": local, "sfo1-n1": local}
