@@ -78,6 +78,10 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_zone(args: argparse.Namespace) -> int:
+    if args.digest or args.all:
+        from agent.cluster_cli import cmd_digest
+
+        return cmd_digest(args)
     url = args.url.rstrip("/") + "/zone"
     request = urllib.request.Request(url)
     try:
@@ -174,12 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
     zone.add_argument("--delegation", action="store_true",
                       help="print the NS and glue records the parent zone needs (zone-file lines)")
     zone.add_argument("--ttl", type=int, default=3600, help="TTL of the --delegation records (default 3600)")
+    zone.add_argument("--digest", action="store_true", help="this agent's store digest (the control API)")
+    zone.add_argument("--all", action="store_true",
+                      help="with --digest: every member's digest as last heard; exit 3 while they differ")
     zone.set_defaults(func=cmd_zone)
     check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))
     check.set_defaults(func=cmd_check_config)
+    from agent.cluster_cli import add_members_parser
     from agent.keys import add_keys_parser
 
     add_keys_parser(sub)
+    add_members_parser(sub)
     return parser
 
 

@@ -59,6 +59,7 @@ class Agent:
     config: Path
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    token: str | None = None   # the operator listener's bearer token, when it has one
 
     def start(self) -> None:
         with self.log.open("ab") as out:
@@ -100,8 +101,9 @@ class Agent:
 
     async def get(self, path: str, *, operator: bool = False) -> tuple[int, str]:
         port = self.operator_port if operator else self.http_port
+        headers = {"Authorization": f"Bearer {self.token}"} if operator and self.token else {}
         try:
-            async with aiohttp.ClientSession() as http, \
+            async with aiohttp.ClientSession(headers=headers) as http, \
                     http.get(f"http://{self.host}:{port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
                 return r.status, await r.text()
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -141,7 +143,8 @@ class Cluster:
             await copy.start()
             self.copies.append(copy)
 
-    def add(self, index: int, *, zone_file: Path | None, keyring: Path, seeds: list[str], extra: str = "") -> Agent:
+    def add(self, index: int, *, zone_file: Path | None, keyring: Path, seeds: list[str], extra: str = "",
+            token_file: Path | None = None) -> Agent:
         host = f"127.0.0.{index + 1}"
         region = REGIONS[index]
         agent = Agent(index, region, host, free_port(), free_port(), free_port(), free_port(),
@@ -153,7 +156,7 @@ node: n{index}
 {zone_line}dns: {{zone: {APEX}, listen_addresses: [{host}], port: {agent.dns_port}}}
 checks: {{host: runr-health.{APEX}, port: {self.check_port}, interval: 0.5, timeout: 0.5}}
 health: {{listen_addresses: [{host}], port: {agent.http_port}, operator_listen_addresses: [{host}],
-          operator_port: {agent.operator_port}}}
+          operator_port: {agent.operator_port}{f", operator_token_file: {token_file}" if token_file else ""}}}
 gossip:
   enabled: true
   bind_address: {host}
@@ -164,6 +167,8 @@ gossip:
   sync_interval: 1.0
   ready_sync_timeout: 3.0
 {extra}""")
+        if token_file is not None:
+            agent.token = token_file.read_text().strip()
         self.agents.append(agent)
         return agent
 

@@ -197,3 +197,71 @@ async def test_tls_cluster_spreads_changes_and_rejects_a_foreign_certificate(tmp
                        message="a change spreads under TLS")
     finally:
         await c.stop()
+
+
+async def test_a_project_created_through_the_control_api_is_answered_by_all(tmp_path: Path) -> None:
+    """No zone file anywhere: regions and a project are written through one agent's API; every agent
+    answers them with the same serial, and `region-agent members` / `zone --digest --all` show the cluster."""
+    import json
+    import subprocess
+    import sys
+
+    import aiohttp
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    c = Cluster(tmp_path)
+    await c.start_copies(3)
+    key = generate_key()
+    ring = tmp_path / "keyring.json"
+    write_keyring(ring, [key], key)
+    first = c.add(0, zone_file=None, keyring=ring, seeds=[], token_file=token)
+    seeds = [f"{first.host}:{first.gossip_port}"]
+    c.add(1, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
+    c.add(2, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
+    try:
+        for agent in c.agents:
+            agent.start()
+        await wait_for(lambda: _all_ready(c.agents), timeout=30, message="ready")
+        await wait_for(lambda: _members_alive(first, 3), timeout=15, message="three members")
+        base = f"http://{first.host}:{first.operator_port}/v1"
+        headers = {"Authorization": "Bearer s3cret-token"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            for i, region in enumerate(REGIONS[:3]):
+                body = {"ipv4": [f"127.0.0.{41 + i}"], "ns_ipv4": [f"127.0.0.{i + 1}"]}
+                async with http.put(f"{base}/regions/{region}", json=body) as r:
+                    assert r.status in (200, 201), await r.text()
+            async with http.put(f"{base}/projects/shop", json={"regions": list(REGIONS[:3]),
+                                                                "mode": "proximity"}) as r:
+                assert r.status in (200, 201), await r.text()
+        await wait_for(lambda: _same_everywhere(c.agents, SHOP, ALL), timeout=15, interval=0.05,
+                       message="the API's project answered by every agent")
+        await wait_for(lambda: _one_serial(c.agents), timeout=10, message="one serial")
+
+        cli = [sys.executable, "-m", "agent"]
+        url = f"http://{first.host}:{first.operator_port}"
+        members = subprocess.run([*cli, "members", "--url", url, "--token-file", str(token)], capture_output=True,
+                                 text=True, timeout=30, check=False)
+        assert members.returncode == 0, members.stderr
+        for agent in c.agents:
+            assert f"{agent.region}/n{agent.index}" in members.stdout and "alive" in members.stdout
+        digests = await wait_for(lambda: _converged(cli, url, token), timeout=20, message="digests converged")
+        assert digests is not None and len(json.loads(digests)["agents"]) == 2
+    finally:
+        await c.stop()
+
+
+async def _all_ready(agents: list[Agent]) -> bool:
+    return all(await asyncio.gather(*(a.ready() for a in agents)))
+
+
+async def _members_alive(agent: Agent, count: int) -> bool:
+    return await agent.metric("region_agent_gossip_members", 'state="alive"') == count
+
+
+def _converged(cli: list[str], url: str, token: Path) -> str | None:
+    import subprocess
+
+    result = subprocess.run([*cli, "zone", "--digest", "--all", "--json", "--url", url, "--token-file", str(token)],
+                            capture_output=True, text=True, timeout=30, check=False)
+    return result.stdout if result.returncode == 0 else None
