@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Coroutine
@@ -141,6 +142,61 @@ def format_zone(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cmd_geoip(args: argparse.Namespace) -> int:
+    """The GeoIP database and the reachability self-check of a running agent (its /health/region)."""
+    url = args.url.rstrip("/") + "/health/region"
+    request = urllib.request.Request(url)
+    try:
+        if args.token_file:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            data = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"region-agent geoip: can not read {url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"geoip": data.get("geoip"), "reachable": data.get("reachable")}, indent=2))
+        return 0
+    print(format_geoip(data.get("geoip"), data.get("reachable")))
+    return 0
+
+
+def format_geoip(geoip: dict[str, Any] | None, reachable: dict[str, Any] | None) -> str:
+    def when(seconds: float | None) -> str:
+        return "-" if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+    lines = []
+    if not geoip:
+        lines.append("geoip: not reported by this agent")
+    else:
+        where = f" {geoip['location']}" if geoip.get("location") else ""
+        lines.append(f"geoip: {geoip['state']}  source {geoip['source']}{where}")
+        if geoip["state"] == "loaded":
+            cached = ", the cached copy" if geoip.get("from_cache") else ""
+            lines.append(f"    {geoip.get('database_type')}  {geoip.get('size_bytes')} bytes  built "
+                         f"{geoip.get('build_date')}  loaded {when(geoip.get('loaded_at'))}{cached}")
+        error = geoip.get("error")
+        if error:
+            lines.append(f"    error ({error.get('code')}): {error.get('message', '')}")
+        failed = geoip.get("refresh_error")
+        if failed:
+            lines.append(f"    last refresh failed {when(failed.get('at'))} ({failed.get('code')}): "
+                         f"{failed.get('message', '')}")
+        if geoip.get("next_refresh_at") is not None:
+            lines.append(f"    next refresh {when(geoip['next_refresh_at'])}")
+    if not reachable or reachable.get("reachable") is None:
+        lines.append("reachable: unknown (not checked)")
+    else:
+        failed_transports = reachable.get("failed_transports") or []
+        verdict = "yes" if reachable["reachable"] else f"no, failed over {' and '.join(failed_transports)}"
+        addresses = " ".join(reachable.get("addresses") or [])
+        lines.append(f"reachable: {verdict}  ({addresses} port {reachable.get('port')}, checked "
+                     f"{when(reachable.get('checked_at'))})")
+        lines.extend(f"    {line}" for line in reachable.get("errors") or [])
+    return "\n".join(lines)
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings.zone_file is not None:
@@ -182,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     zone.add_argument("--all", action="store_true",
                       help="with --digest: every member's digest as last heard; exit 3 while they differ")
     zone.set_defaults(func=cmd_zone)
+    geoip = sub.add_parser("geoip", help="show a running agent's GeoIP database and whether its name server is "
+                           "reachable")
+    geoip.add_argument("--url", default="http://127.0.0.1:8087",
+                       help="the agent's operator listener (health.operator_listen_addresses, operator_port)")
+    geoip.add_argument("--token-file", help="bearer token for the operator listener (health.operator_token_file)")
+    geoip.add_argument("--json", action="store_true", help="raw JSON")
+    geoip.set_defaults(func=cmd_geoip)
     check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))
     check.set_defaults(func=cmd_check_config)
     from agent.cluster_cli import add_members_parser

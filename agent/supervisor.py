@@ -3,7 +3,8 @@
 Start order: state (zone file) → DNS (tables compiled before the sockets open, so no query
 ever sees an empty zone) → health listener → Kubernetes watches and health checks → the
 loops that connect them. A stop (SIGTERM, SIGINT) cancels the loops and closes sockets in
-reverse order within the shutdown budget. SIGHUP re-reads the zone file.
+reverse order within the shutdown budget. SIGHUP re-reads the zone file and the GeoIP source
+(``dns.geoip`` in the settings file).
 
 Where copy health comes from: with ``kubernetes`` on, this region's copies are judged from
 the Knative watch cache (written into the store as owned by this region, so the zone sees a
@@ -72,6 +73,7 @@ class Agent:
         # What this agent's checks see of copies: beside the store, never written into it.
         self.observations = Observations()
         self.dns = ZoneService(settings.dns, self.store, self.registry, self.observations)
+        self.dns.geoip.settings_loader = self._geoip_settings  # a changed source needs no restart
         self.checker = Checker(self.store, settings.checks.config(f"region-agent/{VERSION}"), self.registry,
                                skip_region=settings.region if settings.kubernetes else None,
                                only_region=settings.region if cluster else None,
@@ -125,6 +127,7 @@ class Agent:
         now = time.time()
         common = {"region": self.settings.region, "started_at": self.started_at, "generated_at": now,
                   "zone_serial": None if tables is None else tables.serial, "zone_digest": self.store.digest(),
+                  "geoip": self.dns.geoip.status.to_dict(), "reachable": self._reachable_summary(),
                   "degraded": self.problems(), "draining": self._stop.is_set(),
                   "members": None if self.gossip is None else self._members_by_region()}
         if self.kube is None:
@@ -206,6 +209,21 @@ class Agent:
     def _count_state_change(self, _changes: list[Entry]) -> None:
         self._state_changes += 1
 
+    def _reachable_summary(self) -> dict[str, Any] | None:
+        return None if self.reachability is None else self.reachability.summary()
+
+    def _reload(self) -> None:
+        """SIGHUP: re-read the zone file and the GeoIP source."""
+        if self.zone_file is not None:
+            self.zone_file.request_reload()
+        self.dns.geoip.request_reload()
+
+    @staticmethod
+    def _geoip_settings() -> tuple[Any, Any]:
+        """The GeoIP settings as the settings file says now (called off the loop)."""
+        dns = load_settings().dns
+        return dns.geoip, dns.geoip_database
+
     def _own_ns_addresses(self) -> tuple[str, ...]:
         region = self.store.regions.get(self.settings.region)
         return () if region is None else region.ns_ipv4 + region.ns_ipv6
@@ -239,6 +257,7 @@ class Agent:
         self._spawn(self._publish_problems, "problem publisher")
         if self.dns.acme is not None:
             self._spawn(self.dns.acme.run_sweeper, "acme challenge sweeper")
+        self._spawn(self.dns.geoip.run, "geoip source")
         self._spawn(self._become_ready, "readiness")
         self._spawn(self._sweep_tombstones, "tombstone expiry")
         if self.zone_file is not None:
@@ -391,6 +410,9 @@ class Agent:
             found.append(f"usage {status.state} ({status.code}): {status.reason}")
         if self.reachability is not None:
             found.extend(self.reachability.problems())
+        geoip = self.dns.geoip.status.problem()
+        if geoip is not None:
+            found.append(geoip)
         if self.keyring_watcher is not None and self.keyring_watcher.problem is not None:
             found.append(f"gossip keyring file refused, keeping the current keys: {self.keyring_watcher.problem}")
         if self.gossip_tls is not None and self.gossip_tls.problem is not None:
@@ -402,7 +424,8 @@ class Agent:
         while True:
             await asyncio.sleep(PROBLEM_POLL)
             published = self.health.holder.get()
-            if published is not None and published.degraded != self.problems():
+            if published is not None and (published.degraded != self.problems()
+                                          or published.reachable != self._reachable_summary()):
                 self.health.publish(self.region_view())
 
     async def stop(self) -> None:
@@ -436,8 +459,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
-        if self.zone_file is not None:
-            loop.add_signal_handler(signal.SIGHUP, self.zone_file.request_reload)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         try:
             await self.start()
             await self._stop.wait()

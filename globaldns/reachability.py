@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import dns.asyncquery
 import dns.exception
@@ -221,6 +222,7 @@ class ReachabilityMonitor:
         self.transports: list[TransportResult] = []
         self.delegation: DelegationResult | None = None
         self.rounds = 0
+        self.checked_at: float | None = None  # wall clock of the last round that checked an address
         self._backoff = Backoff(initial=settings.timeout, cap=settings.interval, jitter=0.5,
                                 reset_after=settings.interval * 4)
         self._reachable = Gauge("region_agent_dns_reachable",
@@ -268,6 +270,8 @@ class ReachabilityMonitor:
         self._log_changes(transports, delegation)
         self.transports, self.delegation = transports, delegation
         self.rounds += 1
+        if transports:
+            self.checked_at = time.time()
         if not failed and (addresses or resolver is not None):  # a round that checked nothing is no success
             self._last_success.set(time.time())
         return not failed
@@ -287,6 +291,23 @@ class ReachabilityMonitor:
             log = logger.info if delegation.state is DelegationState.OK else logger.warning
             log("delegation of %s: %s (names seen: %s)%s", self.zone, delegation.state.value,
                 ", ".join(sorted(delegation.seen)) or "none", f"; {delegation.error}" if delegation.error else "")
+
+    def summary(self) -> dict[str, Any]:
+        """``reachable`` for the region view: true, false, or null (not checked yet, no address).
+
+        ``failed_transports`` names udp and/or tcp when some address did not answer over it;
+        ``errors`` (one line per failed address and transport) is for operators only.
+        """
+        checked = bool(self.transports)
+        failed = sorted({r.transport for r in self.transports if not r.ok}, key=TRANSPORTS.index)
+        return {
+            "reachable": (not failed) if checked else None,
+            "failed_transports": failed,
+            "addresses": sorted({r.address for r in self.transports}),
+            "port": self.settings.port,
+            "checked_at": self.checked_at,
+            "errors": self.problems(),
+        }
 
     def problems(self) -> list[str]:
         """One line per address and transport that failed in the last round (for the degraded view)."""

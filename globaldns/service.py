@@ -26,6 +26,7 @@ from globaldns.acme import AcmeConfig, AcmeUpdates
 from globaldns.answer import Responder, ResponderLimits
 from globaldns.compiler import CompileReport, ZoneBuild, ZoneConfig, compile_zone
 from globaldns.geoip import GeoDatabase, ProximityMap, Site
+from globaldns.geoip_source import GeoipSource
 from globaldns.metrics import DnsCounters, register
 from globaldns.rrl import RateLimiter, RrlConfig
 from globaldns.server import DnsServer, TcpLimits
@@ -122,6 +123,9 @@ class ZoneService:
         self._pending: asyncio.Task[None] | None = None  # a compilation running or about to
         self._changed_projects: set[str] | None = set()  # None: compile everything
         self.changed = asyncio.Event()  # set after every swap, for whoever publishes views
+        # Where the GeoIP database comes from; its run() (the agent spawns it) keeps it fresh.
+        self.geoip = GeoipSource(settings.geoip, settings.geoip_database, registry,
+                                 install=self.replace_geo_database, on_status=self.changed.set)
         store.subscribe(self._on_change)
         if observations is not None:
             observations.subscribe(self._on_observation)
@@ -220,8 +224,7 @@ class ZoneService:
         """
         if self._geo_database is None:
             return
-        sites = tuple(Site(r.name, r.latitude, r.longitude) for r in regions.values()
-                      if r.latitude is not None and r.longitude is not None)
+        sites = _located_sites(regions)
         if sites == self._sites:
             return
         self._sites = sites
@@ -231,11 +234,33 @@ class ZoneService:
             self._warm.cancel()
         self._warm = asyncio.get_running_loop().create_task(_warm(proximity), name="geoip warm-up")
 
+    async def replace_geo_database(self, database: GeoDatabase | None) -> None:
+        """Answer proximity projects from ``database`` (None: without one) from now on.
+
+        The new proximity map is built in a thread (its arrays take tens of ms for a full
+        database) and swapped in by reference; the zone is then recompiled in slices like any
+        change, so queries keep being answered from the old map until the new tables are in.
+        """
+        sites = _located_sites(self.store.regions)
+        proximity = None if database is None else await asyncio.to_thread(ProximityMap, database, sites)
+        if self._warm is not None:
+            self._warm.cancel()
+            self._warm = None
+        self._geo_database, self.locator = database, proximity
+        if proximity is not None:
+            self._sites = sites
+            self._warm = asyncio.get_running_loop().create_task(_warm(proximity), name="geoip warm-up")
+        else:
+            self._sites = None
+        if self.holder.tables is not None:  # before start(), start() compiles
+            self._changed_projects = None
+            self._schedule()
+            await self.compiled()
+
     async def start(self) -> None:
-        if self.settings.geoip_database is not None:
-            # About 0.3 s for GeoLite2-City; done before the sockets open, so it delays nothing.
-            self._geo_database = GeoDatabase.open(self.settings.geoip_database)
-            logger.info("GeoIP database %s (%s)", self.settings.geoip_database, self._geo_database.database_type)
+        # Opening GeoLite2-City takes about 0.3 s (in a thread); done before the sockets open, so it
+        # delays nothing. A download is left to geoip.run(): the start never waits for the network.
+        await self.geoip.start()
         self.rebuild()
         await self.server.start()
 
@@ -250,6 +275,11 @@ class ZoneService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._warm
         await self.server.stop()
+
+
+def _located_sites(regions: Mapping[str, Region]) -> tuple[Site, ...]:
+    return tuple(Site(r.name, r.latitude, r.longitude) for r in regions.values()
+                 if r.latitude is not None and r.longitude is not None)
 
 
 def _contents(tables: ZoneTables | None) -> list[dict[Any, Any]]:

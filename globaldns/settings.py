@@ -5,9 +5,10 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent.state.model import AllDownPolicy
+from globaldns.geoip_source import GeoipSettings, resolve_source
 from globaldns.wire import name_from_text
 
 
@@ -172,7 +173,12 @@ class DnsSettings(BaseModel):
     geoip_database: Path | None = Field(
         default=None,
         description="MaxMind-format city database (GeoLite2-City.mmdb) for proximity projects. Without it a "
-        "proximity project answers every healthy address.",
+        "proximity project answers every healthy address. The same as geoip.file (source file).",
+    )
+    geoip: GeoipSettings = Field(
+        default_factory=GeoipSettings,
+        description="Where the GeoIP city database comes from (default URL, this region's URL, a file, or none), "
+        "its refresh and its download bounds.",
     )
     startup_answer: AllDownPolicy = Field(
         default=AllDownPolicy.ALL,
@@ -199,3 +205,8 @@ class DnsSettings(BaseModel):
         for value in values:
             ipaddress.ip_address(value)
         return values
+
+    @model_validator(mode="after")
+    def _geoip_source(self) -> DnsSettings:
+        resolve_source(self.geoip, self.geoip_database)  # ValueError names the missing setting
+        return self

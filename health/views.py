@@ -293,6 +293,8 @@ def region_health(
         },
         # Gossip members alive or suspect per region (null outside a cluster): "members seen".
         "members": dict(view.members) if view is not None and view.members is not None else None,
+        "geoip": _geoip(view.geoip if view else None, verbose=verbose),
+        "reachable": _reachable(view.reachable if view else None, verbose=verbose),
         "request_id": request_id,
     }
     if verbose:
@@ -306,6 +308,30 @@ def region_health(
         headers["X-Degraded"] = "true"
         headers["X-Degraded-Reason"] = ",".join(reasons)
     return Answer(200, _json(body), headers, ",".join(reasons))
+
+
+def _geoip(status: Mapping[str, Any] | None, *, verbose: bool) -> dict[str, Any] | None:
+    """The GeoIP database's state; the public listener gets codes, not the location or error texts."""
+    if status is None:
+        return None
+    shown = dict(status)
+    if not verbose:
+        shown.pop("location", None)
+        for key in ("error", "refresh_error"):
+            if isinstance(shown.get(key), Mapping):
+                shown[key] = {k: v for k, v in shown[key].items() if k != "message"}
+    return shown
+
+
+def _reachable(summary: Mapping[str, Any] | None, *, verbose: bool) -> dict[str, Any]:
+    """Whether this agent's public name-server addresses answer over UDP and TCP 53 (null: not checked)."""
+    if summary is None:
+        return {"reachable": None, "failed_transports": [], "checked": False}
+    shown = {**summary, "checked": summary.get("reachable") is not None}
+    if not verbose:
+        shown.pop("errors", None)
+        shown.pop("addresses", None)
+    return shown
 
 
 # --- probes, metrics, errors --------------------------------------------------------------

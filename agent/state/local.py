@@ -103,6 +103,11 @@ class RegionView:
     # restarting): the region reports degraded; the text is shown to operators only.
     degraded: tuple[str, ...] = ()
     draining: bool = False  # SIGTERM received: /readyz answers 503 while DNS still answers
+    # The GeoIP database (globaldns.geoip_source.GeoipStatus.to_dict(); None: not reported).
+    geoip: Mapping[str, Any] | None = None
+    # The name server's reachability self-check: {"reachable": true/false/null, "failed_transports": [...],
+    # ...} (globaldns.reachability.ReachabilityMonitor.summary(); None: the check is off).
+    reachable: Mapping[str, Any] | None = None
     # Gossip members alive or suspect, by region (None: not in a cluster).
     members: Mapping[str, int] | None = None
 
@@ -115,6 +120,8 @@ class RegionView:
             "bindings": [b.to_dict() for b in self.bindings],
             "zone_serial": self.zone_serial, "zone_digest": self.zone_digest,
             "degraded": list(self.degraded), "draining": self.draining,
+            "geoip": None if self.geoip is None else dict(self.geoip),
+            "reachable": None if self.reachable is None else dict(self.reachable),
             "members": None if self.members is None else dict(self.members),
         }
 
@@ -130,5 +137,6 @@ class RegionView:
             bindings=tuple(BindingStatus.from_dict(b) for b in data.get("bindings") or ()),
             zone_serial=data.get("zone_serial"), zone_digest=data.get("zone_digest"),
             degraded=tuple(data.get("degraded") or ()),
+            geoip=data.get("geoip"), reachable=data.get("reachable"),
             members=data.get("members"),
         )
