@@ -465,7 +465,7 @@ class GeoipStatus:
 
     def problem(self) -> str | None:
         """One line for the agent's degraded problems while a configured source has no database."""
-        if self.state != "missing":
+        if self.state != "missing" or self.error_code == "not-downloaded-yet":  # the first download is under way
             return None
         return f"geoip database missing ({self.error_code}): {self.error}"
 

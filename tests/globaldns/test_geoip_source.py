@@ -227,6 +227,7 @@ async def test_a_database_is_downloaded_validated_and_installed(server: DbServer
     source, installed = new_source(tmp_path, registry, source="url", url=server.url(f"/{name}"))
     await source.start()
     assert source.status.state == "missing" and source.status.error_code == "not-downloaded-yet"
+    assert source.status.problem() is None  # not degraded while the first download runs
     assert await source.refresh()
     assert located(installed.current) == (52.37, 4.90)
     status = source.status.to_dict()
@@ -560,7 +561,7 @@ async def test_answers_keep_flowing_while_the_database_is_swapped(server: DbServ
     assert all(s == frozenset({"192.0.2.11"}) for s in seen[first_new:])  # never back to the old database
     slowest = max(seconds for _, seconds in answers)
     print(f"swap: {len(answers)} answers, slowest {slowest * 1000:.1f} ms")
-    assert slowest < 0.25, slowest
+    assert slowest < 0.5, slowest  # typically ~20 ms here; the bound leaves room for a busy shared machine
     assert zone.geoip.status.build_epoch == 1_800_000_000
 
 
