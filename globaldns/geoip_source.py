@@ -100,8 +100,8 @@ class GeoipSettings(BaseModel):
     source: GeoipSourceKind | None = Field(
         default=None,
         description="default (the platform-wide default_url), url (this region's own url), file (a mounted file) "
-        "or none. Unset: file when file or dns.geoip_database is set, else default when default_url is set, "
-        "else none.")
+        "or none. Unset: file when file or dns.geoip_database is set, else url when url or url_file is set, else "
+        "default when default_url is set, else none.")
     default_url: SecretStr | None = Field(
         default=None,
         description="The platform-wide database URL (http or https; .gz or not) used by source default. Treated "
@@ -110,6 +110,10 @@ class GeoipSettings(BaseModel):
         default=None,
         description="This region's database URL for source url, possibly presigned: its query string is never "
         "logged, stored or shown.")
+    url_file: Path | None = Field(
+        default=None,
+        description="A file holding this region's URL (a mounted Secret), used when url is unset. Read at start "
+        "and at every settings re-read, so a re-signed URL needs no restart.")
     file: Path | None = Field(
         default=None,
         description="A mounted database file (gzipped or not) for source file; dns.geoip_database means the same.")
@@ -175,6 +179,8 @@ def resolve_source(settings: GeoipSettings, legacy_file: Path | None = None) -> 
     if kind is None:
         if file is not None:
             kind = GeoipSourceKind.FILE
+        elif settings.url is not None or settings.url_file is not None:
+            kind = GeoipSourceKind.URL
         elif settings.default_url is not None:
             kind = GeoipSourceKind.DEFAULT
         else:
@@ -184,14 +190,33 @@ def resolve_source(settings: GeoipSettings, legacy_file: Path | None = None) -> 
             raise ValueError("geoip.source file needs geoip.file (or geoip_database)")
         return Source(kind, path=file)
     if kind is GeoipSourceKind.URL:
-        if settings.url is None:
-            raise ValueError("geoip.source url needs geoip.url")
-        return Source(kind, url=settings.url.get_secret_value())
+        if settings.url is not None:
+            return Source(kind, url=settings.url.get_secret_value())
+        if settings.url_file is None:
+            raise ValueError("geoip.source url needs geoip.url (or geoip.url_file)")
+        return Source(kind, url=_read_url_file(settings.url_file))
     if kind is GeoipSourceKind.DEFAULT:
         if settings.default_url is None:
             raise ValueError("geoip.source default needs geoip.default_url (the platform's database URL)")
         return Source(kind, url=settings.default_url.get_secret_value())
     return Source(GeoipSourceKind.NONE)
+
+
+def _read_url_file(path: Path) -> str:
+    try:
+        url = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"geoip.url_file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"geoip.url_file {path}: not UTF-8") from None
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(f"geoip.url_file {path}: does not hold an http or https URL with a host name")
+    return url
 
 
 # --- secrets ------------------------------------------------------------------------------
@@ -533,9 +558,9 @@ class GeoipSource:
         # Returns the current (geoip settings, legacy geoip_database); set by the agent so the
         # source can change without a restart. May raise (a bad settings file keeps the old).
         self.settings_loader: Callable[[], tuple[GeoipSettings, Path | None]] | None = None
-        # What the settings file said when last read: a change is a change of the file, so an
-        # agent built from settings given in code is not switched to what the file says.
-        self._baseline: tuple[GeoipSettings, Path | None] = (settings, legacy_file)
+        # What the settings (and a url_file) said when last read: a change is a change of the
+        # file, so an agent built from settings given in code is not switched to what it says.
+        self._baseline: tuple[GeoipSettings, Path | None, Source | None] = (settings, legacy_file, self.source)
         self.status = GeoipStatus(state="off", source=self.source.kind.value)
         self._publish(self.status)
 
@@ -576,7 +601,7 @@ class GeoipSource:
         """
         if self.settings_loader is not None:
             try:
-                self._baseline = await asyncio.to_thread(self.settings_loader)
+                self._baseline = await asyncio.to_thread(_read_settings, self.settings_loader)
             except Exception as exc:
                 logger.warning("geoip: settings file not read: %s", scrub(str(exc), self.source.url))
         await self._load_source(self.source, at_start=True)
@@ -626,15 +651,14 @@ class GeoipSource:
         if loader is None:
             return False
         try:
-            settings, legacy = await asyncio.to_thread(loader)
-            source = resolve_source(settings, legacy)
+            settings, legacy, source = await asyncio.to_thread(_read_settings, loader)
         except Exception as exc:  # a bad settings file: keep what we have
             logger.warning("geoip: settings not re-read, keeping source %s %s: %s", self.source.kind.value,
                            self.source.shown, scrub(str(exc), self.source.url))
             return False
-        if (settings, legacy) == self._baseline:
+        if (settings, legacy, source) == self._baseline:
             return False
-        self._baseline = (settings, legacy)
+        self._baseline = (settings, legacy, source)
         old = self.source
         self.settings, self.legacy_file = settings, legacy
         if source == old:
@@ -814,6 +838,13 @@ class GeoipSource:
         log("geoip: no database: %s", message)
         self._publish(self._missing_status(error))
         return False
+
+
+def _read_settings(loader: Callable[[], tuple[GeoipSettings, Path | None]],
+                   ) -> tuple[GeoipSettings, Path | None, Source]:
+    """The settings as the file says now, and the source they mean (a url_file read too). Blocking."""
+    settings, legacy = loader()
+    return settings, legacy, resolve_source(settings, legacy)
 
 
 def _discard(prepared: Prepared) -> None:

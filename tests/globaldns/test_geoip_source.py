@@ -203,9 +203,24 @@ def test_settings_never_show_a_url() -> None:
     ({"source": "url", "url": "https://x.example/c.mmdb", "default_url": "https://geo.example.net/c.mmdb"},
      GeoipSourceKind.URL),
     ({"source": "none", "file": "/data/c.mmdb"}, GeoipSourceKind.NONE),
+    ({"url": "https://x.example/c.mmdb", "default_url": "https://geo.example.net/c.mmdb"}, GeoipSourceKind.URL),
 ])
 def test_which_source(values: dict[str, Any], kind: GeoipSourceKind) -> None:
     assert resolve_source(GeoipSettings(**values)).kind is kind
+
+
+def test_a_url_file_holds_the_secret(tmp_path: Path) -> None:
+    url_file = tmp_path / "url"
+    url_file.write_text(f"https://h.example/c.mmdb?{SIGNED_QUERY}\n")
+    source = resolve_source(GeoipSettings(url_file=url_file))
+    assert source.kind is GeoipSourceKind.URL and source.url == f"https://h.example/c.mmdb?{SIGNED_QUERY}"
+    url_file.write_text(f"h.example/c.mmdb?{SIGNED_QUERY}")
+    with pytest.raises(ValidationError) as caught:
+        DnsSettings(geoip={"url_file": str(url_file)})
+    messages = [e["msg"] for e in caught.value.errors(include_input=False)]
+    assert messages == [f"Value error, geoip.url_file {url_file}: does not hold an http or https URL with a host name"]
+    with pytest.raises(ValueError, match="No such file"):
+        resolve_source(GeoipSettings(url_file=tmp_path / "absent"))
 
 
 def test_the_old_geoip_database_setting_means_a_file_source(tmp_path: Path) -> None:
@@ -411,6 +426,29 @@ async def test_the_source_changes_without_a_restart(server: DbServer, tmp_path: 
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_url_file_rewritten_by_a_secret_update(server: DbServer, tmp_path: Path) -> None:
+    """A mounted Secret holding the presigned URL: re-signing needs no download, a new object one."""
+    server.files["city.mmdb"] = city_db()
+    server.files["next.mmdb"] = city_db(SAN_JOSE)
+    url_file = tmp_path / "url"
+    url_file.write_text(server.url(f"/signed/city.mmdb?{SIGNED_QUERY}"))
+    source, installed = new_source(tmp_path, url_file=url_file)
+    source.settings_loader = lambda: (settings(tmp_path, url_file=url_file), None)
+    await source.start()
+    assert await source.refresh()
+    assert server.hits["signed/city.mmdb"] == 1
+    url_file.write_text(server.url(f"/signed/city.mmdb?{SIGNED_QUERY}&X-Amz-Date=20261202"))
+    source.request_reload()
+    await source.tick()
+    assert source.source.url is not None and source.source.url.endswith("X-Amz-Date=20261202")
+    assert server.hits["signed/city.mmdb"] == 1 and len(installed.databases) == 1
+    url_file.write_text(server.url(f"/signed/next.mmdb?{SIGNED_QUERY}"))
+    source.request_reload()
+    await source.tick()
+    assert server.hits["signed/next.mmdb"] == 1 and located(installed.current) == (37.34, -121.89)
+    assert SECRET not in json.dumps(source.status.to_dict())
 
 
 async def test_the_settings_file_is_polled(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ region-agent.io/region: {{ .Values.config.region }}
 tsigKeys: {dir: /var/run/secrets/region-agent/tsig, env: REGION_AGENT_DNS__ACME__TSIG_KEYS_FILE}
 operatorToken: {dir: /var/run/secrets/region-agent/operator, env: REGION_AGENT_HEALTH__OPERATOR_TOKEN_FILE}
 usageToken: {dir: /var/run/secrets/region-agent/usage, env: REGION_AGENT_USAGE__TOKEN_FILE}
+geoipUrl: {dir: /var/run/secrets/region-agent/geoip, env: REGION_AGENT_DNS__GEOIP__URL_FILE}
 {{- end }}
 
 {{/* Environment of both containers: downward API, sidecar mode, secret file paths (they win over agent.yaml). */}}
@@ -60,6 +61,7 @@ usageToken: {dir: /var/run/secrets/region-agent/usage, env: REGION_AGENT_USAGE__
 - {name: config, mountPath: /etc/region-agent, readOnly: true}
 - {name: run, mountPath: /run/region-agent}
 - {name: tmp, mountPath: /tmp}
+- {name: geoip-cache, mountPath: /var/cache/region-agent}
 {{- $paths := include "region-agent.secretPaths" . | fromYaml }}
 {{- range $name, $ref := .Values.secrets }}
 {{- if $ref.existingSecret }}
