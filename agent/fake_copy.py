@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PATH_PREFIX = "/global-health/"
+INGRESS_PATH = "/livez"   # what cluster ingress probes ask; answers 200 while ``ingress_up``
 MAX_HEADER = 16_384
 HEADER_TIMEOUT = 5.0
 
@@ -146,6 +147,7 @@ class HealthEndpoint:
                  log_file: Path | None = None) -> None:
         self.host = host
         self.port = port
+        self.ingress_up = True   # the region's ingress as a whole (independent of the copy's behaviour)
         self.state_file = state_file
         self.log_file = log_file
         self.behaviour = OK
@@ -250,7 +252,9 @@ class HealthEndpoint:
                     host = value.strip()
                 elif name.strip().lower() == "user-agent":
                     agent = value.strip()
-            if not path.startswith(PATH_PREFIX) or len(path) == len(PATH_PREFIX):
+            if path == INGRESS_PATH:   # the region's ingress data path itself (cluster ingress probes)
+                behaviour = Behaviour(200, "ok") if self.ingress_up else Behaviour(503, "ingress down")
+            elif not path.startswith(PATH_PREFIX) or len(path) == len(PATH_PREFIX):
                 behaviour = Behaviour(404, "not found")
             else:
                 behaviour = self._current()

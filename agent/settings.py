@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from agent.base.names import region_name
 from agent.checks.settings import ChecksSettings
+from agent.cluster.settings import ClusterSettings
 from agent.gossip.settings import GossipSettings
 from agent.kube.settings import KubeSettings
 from agent.usage.settings import UsageSettings
@@ -83,11 +84,18 @@ class AgentSettings(BaseSettings):
     usage: UsageSettings = Field(default_factory=UsageSettings)
     reachability: ReachabilitySettings = Field(default_factory=ReachabilitySettings)
     gossip: GossipSettings = Field(default_factory=GossipSettings)
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     @field_validator("region")
     @classmethod
     def _region(cls, value: str) -> str:
         return region_name(value)
+
+    @model_validator(mode="after")
+    def _witness_needs_gossip(self) -> AgentSettings:
+        if self.cluster.role == "witness" and not self.gossip.enabled:
+            raise ValueError("cluster.role witness needs gossip.enabled: a witness only votes in a cluster")
+        return self
 
     @field_validator("log_level")
     @classmethod

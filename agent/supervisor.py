@@ -14,8 +14,10 @@ standalone mode, is judged by the HTTP checks, whose results are this agent's ob
 
 In a gossip cluster (``gossip.enabled``) each agent reports only its own region's copies (from
 the watch, or without Kubernetes from HTTP checks of its own region) into the store, gossip
-spreads every region's reports, and a region whose agents are all gone leaves the answers
-(``agent.liveness``). A zone file there is an import by the control role.
+spreads every region's reports, and the regions decide together (``agent.cluster``) whether a
+region is out: silent in gossip, or its ingress down, by a majority of the other regions'
+vantage points; a witness (``cluster.role``) adds one. A zone file there is an import by the
+control role.
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ from health.service import HealthService
 logger = logging.getLogger("region_agent.supervisor")
 VERSION = "0.1.0"
 PROBLEM_POLL = 1.0  # seconds between looks at the agent's own problems (tasks, checks, usage)
-QUORUM_MAX_AGE = 30.0  # seconds an observation of another region counts in a quorum
 
 
 class Agent:
@@ -63,6 +64,7 @@ class Agent:
         self.store = Store(writer=settings.writer_id, clock=HybridClock(lambda: int(time.time() * 1000)),
                            registry=self.registry)
         cluster = settings.gossip.enabled
+        self.witness = settings.cluster.role == "witness"
         self.zone_file: ZoneFileWatcher | None = None
         if settings.zone_file is not None:
             self.zone_file = ZoneFileWatcher(settings.zone_file, self.store, self.registry,
@@ -80,12 +82,14 @@ class Agent:
                                observations=StoreCopies(self.store) if cluster else self.observations)
         self.gossip: Any = None  # agent.gossip.node.GossipNode in a cluster
         self.replica: Any = None  # agent.replication.StoreReplica in a cluster
-        self.liveness: Any = None  # agent.liveness.RegionLiveness in a cluster
+        self.observer: Any = None  # agent.cluster.observer.ClusterObserver in a cluster
+        self.cluster_answers: Any = None  # agent.cluster.answers.ClusterAnswers in a cluster
         self.keyring_watcher: Any = None
         self.gossip_tls: Any = None
         # The control API on the operator listener: closed (401) without the operator token file.
         token_file = settings.health.operator_token_file
-        self.quorum = Quorum(local_region=settings.region, max_age=QUORUM_MAX_AGE, clock=time.time)
+        self.quorum = Quorum(local_region=settings.region, max_age=settings.cluster.observation_max_age,
+                             clock=time.time)
         self.control = ControlAPI(store=self.store, node=settings.node, region=settings.region,
                                   members=self._member_views, has_majority=self.has_majority,
                                   digests=self._peer_digests, token=BearerToken(token_file) if token_file else None,
@@ -144,9 +148,7 @@ class Agent:
         """Whether writes are accepted: alone (no gossip) always; in a cluster, with a majority of regions alive."""
         if self.gossip is None:
             return True
-        view = self.quorum.view(regions=self.store.regions.keys(), members=self.gossip.members(),
-                                fenced=self.store.fenced.keys())
-        return has_majority(view)
+        return has_majority(self.observer.view())
 
     def _member_views(self) -> list[Any]:
         """The members with ``since`` as wall time (the control API shows it to people)."""
@@ -247,12 +249,14 @@ class Agent:
             await self.zone_file.load()  # a bad file at start is fatal: there is no old zone to keep
         if self.settings.gossip.enabled:
             await self._start_gossip()
-        await self.dns.start()
+        if not self.witness:  # a witness serves no DNS and no copies: it only votes
+            await self.dns.start()
         await self.health.start()
         self.health.publish(self.region_view())
         if self.settings.kubernetes:
             await self._start_kube()
-        self._spawn(self.checker.run, "health checks")
+        if not self.witness:
+            self._spawn(self.checker.run, "health checks")
         self._spawn(self._publish_views, "view publisher")
         self._spawn(self._publish_problems, "problem publisher")
         if self.dns.acme is not None:
@@ -270,10 +274,13 @@ class Agent:
 
     async def _start_gossip(self) -> None:
         """Bind the gossip port, then join and sync in the background (the zone is served meanwhile)."""
+        from agent.cluster.answers import ClusterAnswers
+        from agent.cluster.observer import ClusterObserver
+        from agent.cluster.quorum import Policy
         from agent.gossip.keyfile import KeyringWatcher, load_keyring
+        from agent.gossip.messages import Role
         from agent.gossip.metrics import register
         from agent.gossip.node import GossipNode
-        from agent.liveness import RegionLiveness
         from agent.replication import StoreReplica
 
         g = self.settings.gossip
@@ -291,16 +298,27 @@ class Agent:
             except (ValueError, OSError) as exc:
                 raise SettingsError(f"gossip.tls_*: {exc}") from exc
         self.replica = StoreReplica(self.store, self.registry)
-        self.liveness = RegionLiveness(self.store, self.observations, self.settings.region)
+        role = Role.WITNESS if self.settings.cluster.role == "witness" else Role.AGENT
         node = self.gossip = GossipNode(g, region=self.settings.region, node=self.settings.node, keyring=keyring,
-                                        replica=self.replica, tls=tls)
+                                        replica=self.replica, tls=tls, role=role)
         try:
             await node.start()
         except OSError as exc:
             raise SettingsError(f"gossip.port: can not listen on {g.bind_address} port {g.port}: "
                                 f"{exc.strerror or exc}") from exc
         register(node, self.registry)
+        c = self.settings.cluster
+        checks = self.settings.checks
+        self.observer = ClusterObserver(
+            region=self.settings.region, settings=c, quorum=self.quorum, store=self.store, members=node.members,
+            broadcast=node.broadcast, member_name=node.name, check_host=checks.host, check_port=checks.port,
+            user_agent=f"region-agent/{VERSION} ingress-probe", registry=self.registry)
+        self.cluster_answers = ClusterAnswers(store=self.store, observations=self.observations,
+                                              view=self.observer.view, policy=Policy(c.two_region_policy),
+                                              registry=self.registry)
+        self.observer.listeners.append(self.cluster_answers.request)
         node.user_handlers.append(self.replica.user_message)
+        node.user_handlers.append(self.observer.user_message)
         self.replica.attach(node.broadcast, node.sync_now)
         node.member_listeners.append(self._on_member_change)
         self.keyring_watcher = KeyringWatcher(g.keyring_file, keyring)
@@ -310,9 +328,12 @@ class Agent:
         if tls is not None:
             self.gossip_tls = tls
             self._spawn(tls.run, "gossip tls")  # re-reads rotated certificate files
+        self._spawn(self.observer.run_publish, "cluster observations")
+        self._spawn(self.observer.run_ingress, "cluster ingress probes")
+        self._spawn(self.cluster_answers.run, "cluster verdicts")
 
     def _on_member_change(self, _view: Any, _previous: Any) -> None:
-        self.liveness.update(self.gossip.alive_regions())
+        self.cluster_answers.request()
         if self.health.holder.get() is not None:
             self.health.publish(self.region_view())
 
@@ -368,6 +389,9 @@ class Agent:
         self._local_slugs = set(copies)
 
     async def _become_ready(self) -> None:
+        if self.witness:
+            await self._become_ready_witness()
+            return
         await self.checker.first_round.wait()
         if self.settings.kubernetes:
             await self._kube_synced.wait()
@@ -380,6 +404,15 @@ class Agent:
         await self.dns.compiled()  # ready means the answers follow health
         self.ready.set()
         logger.info("ready: zone serial %s", self.dns.tables.serial if self.dns.tables else None)
+        self.health.publish(self.region_view())
+        await asyncio.Event().wait()
+
+    async def _become_ready_witness(self) -> None:
+        assert self.gossip is not None and self.gossip.anti_entropy is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.gossip.anti_entropy.synced.wait(), self.settings.gossip.ready_sync_timeout)
+        self.ready.set()
+        logger.info("ready: witness of %s", self.settings.region)
         self.health.publish(self.region_view())
         await asyncio.Event().wait()
 

@@ -20,7 +20,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "agent.usage": ("agent.base", "agent.state", "agent.kube", "agent.usage"),
     "agent.checks": ("agent.base", "agent.state", "agent.checks"),
     "agent.gossip": ("agent.base", "agent.gossip"),  # membership knows nothing of projects or the store
-    "agent.cluster": ("agent.base", "agent.gossip", "agent.cluster"),  # pure quorum rules over membership
+    "agent.cluster.quorum": ("agent.base", "agent.gossip"),  # pure quorum rules over membership
+    # the cluster's edges: observations gossiped, ingress probes, verdicts laid over the answers
+    "agent.cluster": ("agent.base", "agent.gossip", "agent.cluster", "agent.state", "agent.checks"),
     "agent.control": ("agent.base", "agent.state", "agent.gossip", "agent.cluster", "agent.control", "globaldns",
                       "health"),
 }
