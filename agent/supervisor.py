@@ -261,6 +261,8 @@ class Agent:
         self._spawn(self._publish_problems, "problem publisher")
         if self.dns.acme is not None:
             self._spawn(self.dns.acme.run_sweeper, "acme challenge sweeper")
+        if self.dns.tsig_keys is not None:
+            self._spawn(self.dns.tsig_keys.run, "tsig keys file")  # re-reads rotated TSIG keys
         self._spawn(self.dns.geoip.run, "geoip source")
         self._spawn(self._become_ready, "readiness")
         self._spawn(self._sweep_tombstones, "tombstone expiry")
@@ -448,6 +450,8 @@ class Agent:
             found.append(geoip)
         if self.keyring_watcher is not None and self.keyring_watcher.problem is not None:
             found.append(f"gossip keyring file refused, keeping the current keys: {self.keyring_watcher.problem}")
+        if self.dns.tsig_keys is not None and self.dns.tsig_keys.problem is not None:
+            found.append(f"TSIG keys file refused, keeping the current keys: {self.dns.tsig_keys.problem}")
         if self.gossip_tls is not None and self.gossip_tls.problem is not None:
             found.append(f"gossip TLS files refused, keeping the current certificates: {self.gossip_tls.problem}")
         return tuple(found)

@@ -15,7 +15,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
 from prometheus_client import CollectorRegistry
 
 from agent.base.gc_pause import freeze_survivors, gc_paused
@@ -32,7 +31,7 @@ from globaldns.rrl import RateLimiter, RrlConfig
 from globaldns.server import DnsServer, TcpLimits
 from globaldns.settings import DnsSettings, RrlSettings
 from globaldns.tables import Locator, ZoneHolder, ZoneTables
-from globaldns.tsig import Keyring, KeySpec, TsigConfigError
+from globaldns.tsig_keys import TsigKeysWatcher, build_keyring, inline_keys
 from globaldns.update import UpdateLimits
 
 logger = logging.getLogger("region_agent.dns")
@@ -64,26 +63,18 @@ def rate_limiter(settings: RrlSettings) -> RateLimiter | None:
 
 def acme_updates(settings: DnsSettings, store: Store, holder: ZoneHolder,
                  registry: CollectorRegistry) -> AcmeUpdates | None:
-    """RFC 2136 UPDATE of ACME challenges, or None while no TSIG key is configured.
+    """RFC 2136 UPDATE of ACME challenges, or None while neither a TSIG key nor a keys file is configured.
 
     Raises :class:`TsigConfigError` (naming the key) for a key that can not be used.
     """
     acme = settings.acme
-    specs = [KeySpec(k.name, k.algorithm, k.secret) for k in acme.tsig_keys]
-    if acme.tsig_keys_file is not None:
-        try:
-            data = yaml.safe_load(acme.tsig_keys_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise TsigConfigError(f"dns.acme.tsig_keys_file {acme.tsig_keys_file}: {exc}") from None
-        if not isinstance(data, dict):
-            raise TsigConfigError(f"dns.acme.tsig_keys_file {acme.tsig_keys_file}: must map key names to "
-                                  "{algorithm, secret}")
-        specs += Keyring.from_mapping(data).specs
-    if not specs:
-        return None
+    specs = inline_keys(acme)
+    if not specs and acme.tsig_keys_file is None:
+        return None  # with a keys file UPDATE is on even while it holds no key: keys may come without a restart
+    keyring = build_keyring(specs, acme.tsig_keys_file)
     node = store.writer.partition("/")[2]
     config = AcmeConfig(
-        apex=settings.zone, keyring=Keyring(specs), writer=f"acme/{node}",
+        apex=settings.zone, keyring=keyring, writer=f"acme/{node}",
         limits=UpdateLimits(acme.max_value_length, acme.max_records_per_name, acme.max_records),
         lifetime=acme.record_lifetime, updates_per_second=acme.updates_per_second,
         burst=max(1, int(acme.updates_per_second * 2)))
@@ -115,6 +106,10 @@ class ZoneService:
         self.acme = acme_updates(settings, store, self.holder, registry)
         if self.acme is not None:
             self.responder.updates = self.acme.handle
+        # Re-reads dns.acme.tsig_keys_file when it changes (the agent spawns its run()); None without a file.
+        keys_file = settings.acme.tsig_keys_file
+        self.tsig_keys = (None if self.acme is None or keys_file is None else
+                          TsigKeysWatcher(keys_file, inline_keys(settings.acme), self.acme, registry))
         self.health_known = False
         self.locator: Locator | None = None
         self._geo_database: GeoDatabase | None = None

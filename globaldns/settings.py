@@ -70,7 +70,7 @@ class TsigKeySetting(BaseModel):
 class AcmeSettings(BaseModel):
     """RFC 2136 UPDATE of ACME DNS-01 challenge TXT records (cert-manager's RFC 2136 solver).
 
-    Off while no key is configured (UPDATE then gets NOTIMP). Only TXT records at names whose
+    Off while no key and no keys file is configured (UPDATE then gets NOTIMP). Only TXT records at names whose
     first label is ``_acme-challenge`` below the zone apex can be changed; see the README.
     """
 
@@ -81,7 +81,8 @@ class AcmeSettings(BaseModel):
     tsig_keys_file: Path | None = Field(
         default=None,
         description="A YAML or JSON file `{name: {algorithm: ..., secret: ...}}` (a mounted Secret) with more keys; "
-        "read at start.")
+        "re-read when it changes, so keys rotate without a restart (an unusable file keeps the current keys). "
+        "With a file set, UPDATE is on even while the file holds no key.")
     record_lifetime: float = Field(
         default=86_400, gt=0, description="Seconds a challenge record lives when its delete never comes.")
     max_value_length: int = Field(default=512, ge=1, le=65535, description="Bytes of one TXT record's data.")
