@@ -44,7 +44,7 @@ from agent.state.local import CopyReason, CopyStatus, RegionView
 from agent.state.model import CopyHealth, Kind, copy_key
 from agent.state.observations import Observations
 from agent.state.store import TOMBSTONE_SWEEP_SECONDS, Entry, Store
-from agent.zonefile import ZoneFileWatcher
+from agent.zonefile import ZoneFileError, ZoneFileWatcher, off_loop, read_zone_file
 from globaldns.delegation import expected_ns_names
 from globaldns.reachability import ReachabilityMonitor
 from globaldns.service import ZoneService
@@ -65,6 +65,7 @@ class Agent:
                            registry=self.registry)
         cluster = settings.gossip.enabled
         self.witness = settings.cluster.role == "witness"
+        self._zone_imported = asyncio.Event()  # cluster mode: the zone file's first import was tried
         self.zone_file: ZoneFileWatcher | None = None
         if settings.zone_file is not None:
             self.zone_file = ZoneFileWatcher(settings.zone_file, self.store, self.registry,
@@ -245,8 +246,13 @@ class Agent:
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.zone_file is not None:
+        if self.zone_file is not None and not self.settings.gossip.enabled:
             await self.zone_file.load()  # a bad file at start is fatal: there is no old zone to keep
+        elif self.zone_file is not None:
+            # In a cluster the file is validated now (a bad one is fatal) but imported after the
+            # first sync with a peer: only what differs from the cluster's state is then written,
+            # so restarting the importing agent with an unchanged file changes nothing anywhere.
+            await off_loop(read_zone_file, self.zone_file.path, self.zone_file.max_bytes)
         if self.settings.gossip.enabled:
             await self._start_gossip()
         if not self.witness:  # a witness serves no DNS and no copies: it only votes
@@ -267,7 +273,8 @@ class Agent:
         self._spawn(self._become_ready, "readiness")
         self._spawn(self._sweep_tombstones, "tombstone expiry")
         if self.zone_file is not None:
-            self._spawn(self.zone_file.run, "zone file watcher")
+            self._spawn(self._import_zone_file if self.gossip is not None else self.zone_file.run,
+                        "zone file watcher")
         if self.reachability is not None:
             self._spawn(self.reachability.run, "dns reachability")
         # Everything built so far lives as long as the process: move it out of the garbage
@@ -402,6 +409,8 @@ class Agent:
             # store; a lone first agent comes up after the timeout.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.gossip.anti_entropy.synced.wait(), self.settings.gossip.ready_sync_timeout)
+            if self.zone_file is not None:
+                await self._zone_imported.wait()
         self.dns.set_health_known()
         await self.dns.compiled()  # ready means the answers follow health
         self.ready.set()
@@ -417,6 +426,19 @@ class Agent:
         logger.info("ready: witness of %s", self.settings.region)
         self.health.publish(self.region_view())
         await asyncio.Event().wait()
+
+    async def _import_zone_file(self) -> None:
+        """Cluster mode: import the zone file once the store has synced with a peer, then follow it."""
+        assert self.zone_file is not None and self.gossip is not None and self.gossip.anti_entropy is not None
+        if not self._zone_imported.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.gossip.anti_entropy.synced.wait(), self.settings.gossip.ready_sync_timeout)
+            try:
+                await self.zone_file.load()
+            except ZoneFileError as exc:  # changed since start-up and now bad: the watcher reports it
+                self.zone_file.problem = str(exc)
+            self._zone_imported.set()
+        await self.zone_file.run()
 
     async def _sweep_tombstones(self) -> None:
         """Drop deletes older than the store's TTL, so the store does not grow forever."""
