@@ -65,6 +65,7 @@ class Agent:
                            registry=self.registry)
         cluster = settings.gossip.enabled
         self.witness = settings.cluster.role == "witness"
+        self._view_pending: asyncio.Handle | None = None
         self._zone_imported = asyncio.Event()  # cluster mode: the zone file's first import was tried
         self.zone_file: ZoneFileWatcher | None = None
         if settings.zone_file is not None:
@@ -134,7 +135,8 @@ class Agent:
                   "zone_serial": None if tables is None else tables.serial, "zone_digest": self.store.digest(),
                   "geoip": self.dns.geoip.status.to_dict(), "reachable": self._reachable_summary(),
                   "degraded": self.problems(), "draining": self._stop.is_set(),
-                  "members": None if self.gossip is None else self._members_by_region()}
+                  "members": None if self.gossip is None else self._members_by_region(),
+                  "cluster": None if self.cluster_answers is None else self.cluster_answers.describe()}
         if self.kube is None:
             ready = self.ready.is_set()
             return RegionView(synced=ready, synced_at=now if ready else None, **common)  # type: ignore[arg-type]
@@ -326,6 +328,7 @@ class Agent:
                                               view=self.observer.view, policy=Policy(c.two_region_policy),
                                               registry=self.registry)
         self.observer.listeners.append(self.cluster_answers.request)
+        self.cluster_answers.listeners.append(self._publish_view_soon)
         node.user_handlers.append(self.replica.user_message)
         node.user_handlers.append(self.observer.user_message)
         self.replica.attach(node.broadcast, node.sync_now)
@@ -343,8 +346,16 @@ class Agent:
 
     def _on_member_change(self, _view: Any, _previous: Any) -> None:
         self.cluster_answers.request()
-        if self.health.holder.get() is not None:
-            self.health.publish(self.region_view())
+        self._publish_view_soon()
+
+    def _publish_view_soon(self) -> None:
+        """Membership and verdict changes come in bursts: one new view on the next loop turn."""
+        if self._view_pending is None and self.health.holder.get() is not None:
+            self._view_pending = asyncio.get_running_loop().call_soon(self._publish_view_now)
+
+    def _publish_view_now(self) -> None:
+        self._view_pending = None
+        self.health.publish(self.region_view())
 
     def _spawn(self, factory: Callable[[], Coroutine[Any, Any, Any]], name: str) -> None:
         """Run ``factory()`` until shutdown; a failure is logged, counted, visible, and restarted."""

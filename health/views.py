@@ -293,6 +293,7 @@ def region_health(
         },
         # Gossip members alive or suspect per region (null outside a cluster): "members seen".
         "members": dict(view.members) if view is not None and view.members is not None else None,
+        "cluster": _cluster(view.cluster if view else None, verbose=verbose),
         "geoip": _geoip(view.geoip if view else None, verbose=verbose),
         "reachable": _reachable(view.reachable if view else None, verbose=verbose),
         "request_id": request_id,
@@ -308,6 +309,15 @@ def region_health(
         headers["X-Degraded"] = "true"
         headers["X-Degraded-Reason"] = ",".join(reasons)
     return Answer(200, _json(body), headers, ",".join(reasons))
+
+
+def _cluster(cluster: Mapping[str, Any] | None, *, verbose: bool) -> dict[str, Any] | None:
+    """Whether this agent sees a majority, and each region's verdict; reasons for operators only."""
+    if cluster is None:
+        return None
+    regions = {name: {k: v for k, v in verdict.items() if verbose or k != "reason"}
+               for name, verdict in (cluster.get("regions") or {}).items()}
+    return {"majority": cluster.get("majority"), "regions": regions}
 
 
 def _geoip(status: Mapping[str, Any] | None, *, verbose: bool) -> dict[str, Any] | None:

@@ -36,6 +36,8 @@ class ClusterAnswers:
         self._view = view
         self._marked: dict[tuple[str, str], str] = {}
         self._pending: asyncio.Handle | None = None
+        self._published: tuple[bool, tuple[Verdict, ...]] = (True, ())
+        self.listeners: list[Callable[[], None]] = []   # told when a verdict or the majority changes
         self._in_answers = Gauge("region_agent_cluster_region_in_answers",
                                  "Whether the cluster's verdict keeps a region in this agent's answers (1) or not (0)",
                                  ["region"], registry=registry)
@@ -68,6 +70,10 @@ class ClusterAnswers:
         out = {region: v.reason for region, v in self.verdicts.items() if not v.in_answers(self.policy)}
         for region in self.verdicts:
             self._in_answers.labels(region).set(0 if region in out else 1)
+        if out != self.out or self._published != (self.majority, tuple(self.verdicts.values())):
+            self._published = (self.majority, tuple(self.verdicts.values()))
+            for listener in list(self.listeners):
+                listener()
         if out != self.out:
             for region in sorted(out.keys() - self.out.keys()):
                 logger.warning("region %s leaves the answers: %s", region, out[region])
@@ -76,6 +82,12 @@ class ClusterAnswers:
                             if region in self.verdicts else "no longer configured")
             self.out = out
             self._apply()
+
+    def describe(self) -> dict[str, object]:
+        """For /health/region: the majority and each region's verdict."""
+        return {"majority": self.majority,
+                "regions": {region: {"status": v.status.value, "in_answers": region not in self.out,
+                                     "reason": v.reason} for region, v in sorted(self.verdicts.items())}}
 
     def _apply(self) -> None:
         wanted = {(slug, region): f"region out: {self.out[region]}"

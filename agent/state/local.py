@@ -110,6 +110,9 @@ class RegionView:
     reachable: Mapping[str, Any] | None = None
     # Gossip members alive or suspect, by region (None: not in a cluster).
     members: Mapping[str, int] | None = None
+    # The cluster's verdicts: {"majority": bool, "regions": {name: {"status", "in_answers", "reason"}}}
+    # (agent.cluster.answers; None: not in a cluster).
+    cluster: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +126,7 @@ class RegionView:
             "geoip": None if self.geoip is None else dict(self.geoip),
             "reachable": None if self.reachable is None else dict(self.reachable),
             "members": None if self.members is None else dict(self.members),
+            "cluster": None if self.cluster is None else dict(self.cluster),
         }
 
     @classmethod
@@ -138,5 +142,5 @@ class RegionView:
             zone_serial=data.get("zone_serial"), zone_digest=data.get("zone_digest"),
             degraded=tuple(data.get("degraded") or ()),
             geoip=data.get("geoip"), reachable=data.get("reachable"),
-            members=data.get("members"),
+            members=data.get("members"), cluster=data.get("cluster"),
         )

@@ -91,6 +91,10 @@ async def test_changes_spread_copies_leave_dead_regions_leave_and_a_restart_catc
                    message="fra1 out after its agent died")
     out_after = time.monotonic() - killed_at
     assert out_after < 10, out_after
+    view = await agents[0].region_view()
+    assert view is not None and view["cluster"]["majority"] is True  # type: ignore[index]
+    fra1 = view["cluster"]["regions"]["fra1"]  # type: ignore[index]
+    assert (fra1["status"], fra1["in_answers"]) == ("out", False) and "silent" in fra1["reason"], fra1
 
     # While it is down the zone changes; restarted, it catches up and answers like the others.
     zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3], "blog": ("ams1",), "docs": ("sfo1",)}))

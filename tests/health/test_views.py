@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -279,3 +280,19 @@ def test_counts() -> None:
     counts = views.count_copies(view(ALL_COPIES))
     assert (counts.total, counts.healthy, counts.unhealthy) == (7, 1, 6)
     assert views.count_copies(None).total == 0
+
+
+def test_cluster_verdicts_show_status_to_everyone_and_reasons_to_operators() -> None:
+    cluster = {"majority": True, "regions": {
+        "ams1": {"status": "out", "in_answers": False, "reason": "silent: 2 of 2 vantage points agree"},
+        "sfo1": {"status": "up", "in_answers": True, "reason": "alive"}}}
+    the_view = dataclasses.replace(view(ALL_COPIES), members={"sfo1": 2}, cluster=cluster)
+    shown = {}
+    for verbose in (False, True):
+        answer = views.region_health(the_view, region=REGION, request_id=RID, freshness=FRESH_SIDECAR, now=NOW,
+                                     lag_threshold_seconds=30.0, listener_started_at=NOW - 10, verbose=verbose)
+        shown[verbose] = json.loads(answer.body)
+    assert shown[False]["cluster"] == {"majority": True, "regions": {
+        "ams1": {"status": "out", "in_answers": False}, "sfo1": {"status": "up", "in_answers": True}}}
+    assert shown[True]["cluster"] == cluster and shown[True]["members"] == {"sfo1": 2}
+    assert RegionView.from_dict(the_view.to_dict()).cluster == cluster   # it crosses to the sidecar intact
