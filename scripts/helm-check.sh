@@ -19,7 +19,9 @@ else
 fi
 all_on=(--set healthSidecar.enabled=true --set serviceMonitor.enabled=true --set networkPolicy.enabled=true
         --set secrets.tsigKeys.existingSecret=tsig --set secrets.operatorToken.existingSecret=operator
-        --set secrets.usageToken.existingSecret=usage)
+        --set secrets.usageToken.existingSecret=usage
+        --set config.gossip.enabled=true --set gossip.keyring.existingSecret=gossip-keyring
+        --set gossip.tls.existingSecret=gossip-tls)
 helm lint --strict "$chart" -f "$chart/ci/test-values.yaml"
 helm lint --strict "$chart" -f "$chart/ci/test-values.yaml" "${all_on[@]}"
 helm template ra "$chart" -f "$chart/ci/test-values.yaml" | "${validate[@]}"

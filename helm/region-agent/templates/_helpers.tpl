@@ -48,6 +48,7 @@ geoipUrl: {dir: /var/run/secrets/region-agent/geoip, env: REGION_AGENT_DNS__GEOI
 - name: REGION_AGENT_HEALTH__MODE
   value: sidecar
 {{- end }}
+{{- include "region-agent.gossipEnv" . }}
 {{- $paths := include "region-agent.secretPaths" . | fromYaml }}
 {{- range $name, $ref := .Values.secrets }}
 {{- if $ref.existingSecret }}
