@@ -135,7 +135,22 @@ def _loop_stall(lines: Lines) -> None:
             _number(line[key])
 
 
+def _gossip_cluster(lines: Lines) -> None:
+    (join,) = _results(lines, "join")
+    assert join["n"] == 3 and _number(join["all_alive_from_launch_s"]) > 0
+    (steady,) = _results(lines, "steady")
+    for figure in ("cpu_seconds_per_agent_per_minute", "sent_bytes_per_s_per_agent"):
+        _number(steady[figure]["median"])
+    (acme,) = _results(lines, "acme")
+    assert acme["agents_never_seen"] == 0 and acme["add"]["count"] == acme["delete"]["count"] > 0
+    (copy,) = _results(lines, "copy_down")
+    assert copy["agents_never_seen"] == 0 and copy["down_from_flip"]["count"] > 0
+    (kill,) = _results(lines, "kill")
+    assert kill["missing"] == 0 and _number(kill["all_s"]) > 0
+
+
 CHECKS: dict[str, Callable[[Lines], None]] = {
+    "gossip_cluster": _gossip_cluster,
     "dns_throughput": _dns_throughput,
     "loop_stall": _loop_stall,
     "health_listener": _health_listener,
