@@ -84,6 +84,13 @@ class AgentSettings(BaseSettings):
     usage: UsageSettings = Field(default_factory=UsageSettings)
     reachability: ReachabilitySettings = Field(default_factory=ReachabilitySettings)
     gossip: GossipSettings = Field(default_factory=GossipSettings)
+    state_file: Path | None = Field(
+        default=None,
+        description="Cluster mode: where this agent keeps a snapshot of the replicated store, loaded at start so "
+        "projects and regions written through the control API survive a restart of every agent at once. "
+        "Unset: the store lives in memory only (peers refill it).")
+    state_file_interval: float = Field(
+        default=30.0, gt=0, description="Seconds between two snapshots while the store changes (and one at stop).")
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     @field_validator("region")

@@ -43,6 +43,7 @@ from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
 from agent.state.model import CopyHealth, Kind, copy_key
 from agent.state.observations import Observations
+from agent.state.persist import StoreSnapshotFile
 from agent.state.store import TOMBSTONE_SWEEP_SECONDS, Entry, Store
 from agent.zonefile import ZoneFileError, ZoneFileWatcher, off_loop, read_zone_file
 from globaldns.delegation import expected_ns_names
@@ -66,6 +67,10 @@ class Agent:
         cluster = settings.gossip.enabled
         self.witness = settings.cluster.role == "witness"
         self._view_pending: asyncio.Handle | None = None
+        self.state_file: StoreSnapshotFile | None = None
+        if cluster and settings.state_file is not None:
+            self.state_file = StoreSnapshotFile(settings.state_file, self.store, self.registry,
+                                                interval=settings.state_file_interval)
         self._zone_imported = asyncio.Event()  # cluster mode: the zone file's first import was tried
         self.zone_file: ZoneFileWatcher | None = None
         if settings.zone_file is not None:
@@ -255,6 +260,8 @@ class Agent:
             # first sync with a peer: only what differs from the cluster's state is then written,
             # so restarting the importing agent with an unchanged file changes nothing anywhere.
             await off_loop(read_zone_file, self.zone_file.path, self.zone_file.max_bytes)
+        if self.state_file is not None:
+            await self.state_file.load()  # before gossip: peers then send only what is newer
         if self.settings.gossip.enabled:
             await self._start_gossip()
         if not self.witness:  # a witness serves no DNS and no copies: it only votes
@@ -274,6 +281,8 @@ class Agent:
         self._spawn(self.dns.geoip.run, "geoip source")
         self._spawn(self._become_ready, "readiness")
         self._spawn(self._sweep_tombstones, "tombstone expiry")
+        if self.state_file is not None:
+            self._spawn(self.state_file.run, "state file")
         if self.zone_file is not None:
             self._spawn(self._import_zone_file if self.gossip is not None else self.zone_file.run,
                         "zone file watcher")
@@ -481,6 +490,8 @@ class Agent:
         geoip = self.dns.geoip.status.problem()
         if geoip is not None:
             found.append(geoip)
+        if self.state_file is not None and self.state_file.problem is not None:
+            found.append(self.state_file.problem)
         if self.keyring_watcher is not None and self.keyring_watcher.problem is not None:
             found.append(f"gossip keyring file refused, keeping the current keys: {self.keyring_watcher.problem}")
         if self.dns.tsig_keys is not None and self.dns.tsig_keys.problem is not None:

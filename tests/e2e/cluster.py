@@ -144,12 +144,14 @@ class Cluster:
             self.copies.append(copy)
 
     def add(self, index: int, *, zone_file: Path | None, keyring: Path, seeds: list[str], extra: str = "",
-            token_file: Path | None = None) -> Agent:
+            token_file: Path | None = None, state_file: Path | None = None) -> Agent:
         host = f"127.0.0.{index + 1}"
         region = REGIONS[index]
         agent = Agent(index, region, host, free_port(), free_port(), free_port(), free_port(),
                       self.tmp / f"agent{index}.yaml", self.tmp / f"agent{index}.log")
         zone_line = f"zone_file: {zone_file}\nzone_file_poll_interval: 0.2\n" if zone_file else ""
+        if state_file is not None:
+            zone_line += f"state_file: {state_file}\nstate_file_interval: 0.5\n"
         agent.config.write_text(f"""
 region: {region}
 node: n{index}

@@ -205,7 +205,8 @@ async def test_tls_cluster_spreads_changes_and_rejects_a_foreign_certificate(tmp
 
 async def test_a_project_created_through_the_control_api_is_answered_by_all(tmp_path: Path) -> None:
     """No zone file anywhere: regions and a project are written through one agent's API; every agent
-    answers them with the same serial, and `region-agent members` / `zone --digest --all` show the cluster."""
+    answers them with the same serial, `region-agent members` / `zone --digest --all` show the cluster,
+    and a restart of every agent at once keeps them (each agent's state file)."""
     import json
     import subprocess
     import sys
@@ -219,10 +220,10 @@ async def test_a_project_created_through_the_control_api_is_answered_by_all(tmp_
     key = generate_key()
     ring = tmp_path / "keyring.json"
     write_keyring(ring, [key], key)
-    first = c.add(0, zone_file=None, keyring=ring, seeds=[], token_file=token)
+    first = c.add(0, zone_file=None, keyring=ring, seeds=[], token_file=token, state_file=tmp_path / "state0")
     seeds = [f"{first.host}:{first.gossip_port}"]
-    c.add(1, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
-    c.add(2, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
+    c.add(1, zone_file=None, keyring=ring, seeds=seeds, token_file=token, state_file=tmp_path / "state1")
+    c.add(2, zone_file=None, keyring=ring, seeds=seeds, token_file=token, state_file=tmp_path / "state2")
     try:
         for agent in c.agents:
             agent.start()
@@ -251,6 +252,15 @@ async def test_a_project_created_through_the_control_api_is_answered_by_all(tmp_
             assert f"{agent.region}/n{agent.index}" in members.stdout and "alive" in members.stdout
         digests = await wait_for(lambda: _converged(cli, url, token), timeout=20, message="digests converged")
         assert digests is not None and len(json.loads(digests)["agents"]) == 2
+
+        # Every agent stops at once (SIGTERM: each saves its store); restarted, with no zone file and
+        # no peer to sync from at first, they answer the API's project from their state files.
+        for agent in c.agents:
+            agent.terminate()
+        for agent in c.agents:
+            agent.start()
+        await wait_for(lambda: _same_everywhere(c.agents, SHOP, ALL), timeout=30, interval=0.1,
+                       message="the project answered after every agent restarted")
     finally:
         await c.stop()
 
