@@ -90,8 +90,11 @@ def _update(name: str, secret: str, value: str) -> bytes:
     return update.to_wire()
 
 
+TSIG_ERRORS = {0: "NOERROR", 16: "BADSIG", 17: "BADKEY", 18: "BADTIME"}  # 16 is BADVERS as an rcode
+
+
 def _outcome(response: dns.message.Message) -> tuple[str, str | None]:
-    error = None if response.tsig is None else dns.rcode.to_text(response.tsig[0].error)
+    error = None if response.tsig is None else TSIG_ERRORS[response.tsig[0].error]
     return dns.rcode.to_text(response.rcode()), error
 
 
@@ -176,3 +179,13 @@ async def test_a_keys_file_that_starts_empty_turns_update_on(tmp_path: Path) -> 
         assert _outcome(await _exchange(first, port)) == ("NOERROR", "NOERROR")
     finally:
         await agent.stop()
+
+
+async def test_a_new_secret_under_the_same_name_replaces_the_old(agent: Agent, tmp_path: Path) -> None:
+    port = agent.dns.server.bound[0][1]
+    before = _update("old", OLD, "before")
+    _replace(tmp_path / "tsig-keys.yaml", _keys(old=NEW))
+    await wait_for(lambda: agent.registry.get_sample_value("region_agent_dns_tsig_keys_file_reloads_total") == 1,
+                   message="the new secret in use")
+    assert _outcome(await _exchange(before, port)) == ("NOTAUTH", "BADSIG")
+    assert _outcome(await _exchange(_update("old", NEW, "after"), port)) == ("NOERROR", "NOERROR")
