@@ -35,7 +35,8 @@ def _member(region: str, node: str, state: State = State.ALIVE, role: Role = Rol
 
 def _store(*regions: str, projects: dict[str, tuple[str, ...]] | None = None) -> Store:
     store = Store(writer="control/test", clock=HybridClock(lambda: int(time.time() * 1000)))
-    items: list[tuple[tuple[str, ...], Region | Project]] = [(region_key(r), Region(r, ipv4=(f"127.0.0.{41 + i}",))) for i, r in enumerate(regions)]
+    items: list[tuple[tuple[str, ...], Region | Project]] = [
+        (region_key(r), Region(r, ipv4=(f"127.0.0.{41 + i}",))) for i, r in enumerate(regions)]
     items += [(project_key(s), Project(s, where)) for s, where in (projects or {}).items()]
     store.put_many(items)
     return store
