@@ -14,6 +14,7 @@ from agent.checks.rule import CheckRule, TargetHealth, TargetState
 from agent.fake_copy import Behaviour, HealthEndpoint
 from agent.state.hlc import HybridClock
 from agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
+from agent.state.observations import Observations
 from agent.state.store import Store
 from tests.conftest import wait_for
 
@@ -54,8 +55,13 @@ async def _stop(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
+def _observations(checker: Checker) -> Observations:
+    assert isinstance(checker.observations, Observations)  # the default sink: this agent's observations
+    return checker.observations
+
+
 def _health(checker: Checker, region: str) -> CopyHealth | None:
-    return checker.observations.get(("shop", region))
+    return _observations(checker).get(("shop", region))
 
 
 async def test_first_round_and_request_shape(endpoints: tuple[HealthEndpoint, HealthEndpoint, int]) -> None:
@@ -99,7 +105,8 @@ async def test_one_lost_check_does_not_flip(endpoints: tuple[HealthEndpoint, Hea
     store = _store()
     checker = Checker(store, _config(port, interval=0.2), CollectorRegistry())
     seen: list[CopyHealth | None] = []
-    checker.observations.subscribe(lambda copies: seen.extend(checker.observations.get(c) for c in copies))
+    observations = _observations(checker)
+    observations.subscribe(lambda copies: seen.extend(observations.get(c) for c in copies))
     task = await _run(checker)
     try:
         start = len(primary.records)

@@ -30,6 +30,7 @@ from agent.gossip.messages import (
     Single,
     State,
     Suspect,
+    Sync,
     User,
     decode,
     decode_parts,
@@ -58,7 +59,7 @@ class Wire:
     def send_packet(self, addr: Address, data: bytes) -> None:
         assert len(data) <= CONFIG.packet_bytes
         message = decode(data)
-        assert not isinstance(message, PushPull)
+        assert not isinstance(message, PushPull | Sync)
         parts = decode_parts(message) if isinstance(message, Compound) else [message]
         self.packets.append((addr, parts))
         peer = index_of(addr)
