@@ -195,6 +195,7 @@ def test_the_agent_accepts_the_rendered_config_and_environment(tmp_path: Path,
     downward = {"spec.nodeName": "node-a", "status.podIP": "10.1.2.3", "status.hostIP": "192.0.2.3"}
     for name, value in _env(_container(values)).items():
         monkeypatch.setenv(name, value if isinstance(value, str) else downward[value["fieldRef"]["fieldPath"]])
+    monkeypatch.setenv("REGION_AGENT_CONFIG", str(config))  # load_settings sets it; monkeypatch then unsets it
     settings = load_settings(config)
     gossip = settings.gossip
     assert gossip.enabled and gossip.port == 7946
