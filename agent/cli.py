@@ -238,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     zone.add_argument("--all", action="store_true",
                       help="with --digest: every member's digest as last heard; exit 3 while they differ")
     zone.set_defaults(func=cmd_zone)
+    from agent.zone_import import add_zone_import_parser
+
+    add_zone_import_parser(zone)  # region-agent zone import FILE
     geoip = sub.add_parser("geoip", help="show a running agent's GeoIP database and whether its name server is "
                            "reachable")
     geoip.add_argument("--url", default="http://127.0.0.1:8087",
