@@ -144,7 +144,8 @@ class Cluster:
             self.copies.append(copy)
 
     def add(self, index: int, *, zone_file: Path | None, keyring: Path, seeds: list[str], extra: str = "",
-            token_file: Path | None = None, state_file: Path | None = None) -> Agent:
+            token_file: Path | None = None, state_file: Path | None = None, check_interval: float = 0.5,
+            check_timeout: float = 0.5) -> Agent:
         host = f"127.0.0.{index + 1}"
         region = REGIONS[index]
         agent = Agent(index, region, host, free_port(), free_port(), free_port(), free_port(),
@@ -156,7 +157,7 @@ class Cluster:
 region: {region}
 node: n{index}
 {zone_line}dns: {{zone: {APEX}, listen_addresses: [{host}], port: {agent.dns_port}}}
-checks: {{host: runr-health.{APEX}, port: {self.check_port}, interval: 0.5, timeout: 0.5}}
+checks: {{host: runr-health.{APEX}, port: {self.check_port}, interval: {check_interval}, timeout: {check_timeout}}}
 health: {{listen_addresses: [{host}], port: {agent.http_port}, operator_listen_addresses: [{host}],
           operator_port: {agent.operator_port}{f", operator_token_file: {token_file}" if token_file else ""}}}
 gossip:
