@@ -17,10 +17,14 @@ FINAL      peer → initiator      after merging: the peer's entries of the buck
                                  from the initiator's (the initiator lacks or has older entries)
 =========  ====================  =====================================================================
 
-So an in-sync pair exchanges two small messages, and a differing pair exchanges only the buckets
-that differ, each way at most once. A message carries at most ``budget`` bytes of entries (whole
-buckets); when a side had more, ``more`` is set and the initiator starts the next round with the
-same peer at once, so a rejoining agent catches up on a large store in a few bounded steps.
+One round at a time runs between two agents: a periodic round waits for its own one in flight;
+an offer from a peer we already run a round with is answered "busy" (DIGESTS with ``more`` and no
+buckets: the initiator defers); two offers that cross yield to the higher member name. So a slow
+catch-up is never sent twice. An in-sync pair exchanges two small messages, and a differing pair
+exchanges only the buckets that differ, each way at most once. A message carries at most
+``budget`` bytes of entries (whole buckets); when a side had more, ``more`` is set and the
+initiator starts the next round with the same peer at once, so a rejoining agent catches up on
+a large store in a few bounded steps.
 
 This module knows nothing of projects: entries are opaque bytes, digests opaque 16-byte strings,
 and the store sits behind :class:`Replica` (``agent.replication``), which validates and merges.
@@ -82,7 +86,7 @@ class _Round:
     peer: Address
     started: float
     continuation: int
-    repaired: bool = False
+    answered: bool = False   # the peer's DIGESTS arrived: the round is under way
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,7 @@ class PeerDigest:
 class AntiEntropy:
     def __init__(self, *, name: str, replica: Replica, send: Callable[[Address, bytes], None],
                  peers: Callable[[], Sequence[Address]], interval: float, rng: random.Random | None = None,
-                 budget: int = DEFAULT_BUDGET, max_sessions: int = 4, round_timeout: float = 30.0) -> None:
+                 budget: int = DEFAULT_BUDGET, max_sessions: int = 4, round_timeout: float = 15.0) -> None:
         self.name = name
         self.replica = replica
         self.stats = SyncStats()
@@ -125,7 +129,8 @@ class AntiEntropy:
                 self._wake.clear()
                 self._expire_rounds()
                 fanout, self._fanout_now = max(1, self._fanout_now), 0
-                peers = list(self._peers())
+                busy = {state.peer for state in self._rounds.values()}
+                peers = [peer for peer in self._peers() if peer not in busy]
                 self._rng.shuffle(peers)
                 for peer in peers[:fanout]:
                     self.start_round(peer)
@@ -181,6 +186,16 @@ class AntiEntropy:
     async def _on_offer(self, message: Sync, source: Address) -> None:
         self._heard(message.origin, message.digest)
         mine = self.replica.digest()
+        own = next(((r, state) for r, state in self._rounds.items() if state.peer == source), None)
+        if own is not None:
+            round_id, state = own
+            if not state.answered and self.name < message.origin:
+                del self._rounds[round_id]   # two offers crossed: the lower name yields, the peer's round runs
+                self.stats.rounds["yielded"] += 1
+            elif message.digest != mine:
+                # Our round with this peer already moves the same buckets: "busy", so they are not sent twice.
+                self._send_message(source, Sync(SyncPhase.DIGESTS, message.round, self.name, digest=mine, more=True))
+                return
         buckets = () if message.digest == mine else tuple(enumerate(self.replica.bucket_digests()))
         self._send_message(source, Sync(SyncPhase.DIGESTS, message.round, self.name, digest=mine, buckets=buckets))
 
@@ -195,6 +210,11 @@ class AntiEntropy:
             self.stats.rounds["in_sync"] += 1
             self.synced.set()
             return
+        if message.more and not message.buckets:
+            del self._rounds[message.round]   # the peer's own round with us is under way
+            self.stats.rounds["deferred"] += 1
+            return
+        state.answered = True
         mine = self.replica.bucket_digests()
         differ = [b for b, d in message.buckets if b < len(mine) and mine[b] != d]
         entries, complete = await self.replica.export(differ, self.budget)

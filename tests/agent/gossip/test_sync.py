@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.gossip.messages import Address, Sync, SyncPhase, decode, encode
-from agent.gossip.sync import AntiEntropy
+from agent.gossip.sync import AntiEntropy, _Round
 from agent.replication import StoreReplica
 from agent.state.hlc import HybridClock
 from agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
@@ -159,3 +159,27 @@ def test_sync_messages_round_trip_and_truncations_are_malformed(data: bytes) -> 
             decode(data[:cut])
     with pytest.raises(MessageError):
         Sync(SyncPhase.OFFER, 1, "sfo1/n1", digest=b"short")
+
+
+async def test_crossing_offers_run_one_round_and_a_busy_peer_defers_the_second() -> None:
+    net = Net()
+    a_store, b_store = _store("sfo1/a"), _store("ams1/b")
+    a_store.merge(_control_entries(3_000, start_ms=int(time.time() * 1000) - 60_000))   # B joins empty
+    a, a_addr = _node(net, 1, a_store)   # name sfo1/n1 < sfo1/n2: a yields when offers cross
+    b, b_addr = _node(net, 2, b_store)
+    a.start_round(b_addr)
+    b.start_round(a_addr)
+    await wait_for(lambda: a_store.digest() == b_store.digest() and not a._rounds and not b._rounds
+                   and not a._tasks and not b._tasks, timeout=10, message="converged")
+    assert a.stats.rounds["yielded"] == 1
+    assert net.sent["ENTRIES"] == 1 and net.sent["FINAL"] == 1   # the 3,000 entries crossed once
+    # While b's round with a is under way, a's new offer is answered "busy" and a defers: no entries move.
+    a_store.put_many([(project_key("late"), Project("late", ("sfo1",)))], writer="control/api")
+    b._rounds[999] = _Round(a_addr, time.monotonic(), 0, answered=True)
+    a.start_round(b_addr)
+    await wait_for(lambda: a.stats.rounds["deferred"] == 1 and not a._rounds and not a._tasks and not b._tasks,
+                   timeout=5, message="a deferred")
+    assert net.sent["ENTRIES"] == 1 and b_store.digest() != a_store.digest()
+    del b._rounds[999]
+    a.start_round(b_addr)   # the next periodic round repairs it
+    await wait_for(lambda: a_store.digest() == b_store.digest(), timeout=5, message="repaired")
