@@ -40,13 +40,14 @@ def fetch_json(url: str, token_file: str | None) -> dict[str, Any]:
 
 def format_members(data: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
-    rows = [("NAME", "ADDRESS", "REGION", "ROLE", "STATE", "FOR", "RTT")]
+    rows = [("NAME", "ADDRESS", "REGION", "ROLE", "STATE", "FOR", "RTT", "DNS-REACHABLE")]
     for m in data.get("members", []):
         since = m.get("since")
         age = "-" if not isinstance(since, (int, float)) else f"{max(0.0, now - since):.0f}s"
         rtt = m.get("rtt_ms")
+        reachable = (m.get("meta") or {}).get("dns-reachable", "-")
         rows.append((m["name"], m.get("address", "-"), m["region"], m["role"], m["state"], age,
-                     "-" if rtt is None else f"{rtt:.1f}ms"))
+                     "-" if rtt is None else f"{rtt:.1f}ms", reachable))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in rows]

@@ -500,10 +500,24 @@ class Agent:
             found.append(f"gossip TLS files refused, keeping the current certificates: {self.gossip_tls.problem}")
         return tuple(found)
 
+    def _announce_reachability(self) -> None:
+        """Tell the other members whether this agent's name server is reachable (its member metadata),
+        so `region-agent members` shows a load balancer that drops UDP or TCP 53 anywhere in the cluster."""
+        membership = None if self.gossip is None else self.gossip.membership
+        if membership is None or self.reachability is None:
+            return
+        summary = self.reachability.summary()
+        if summary["reachable"] is None:
+            value = "unknown"
+        else:
+            value = "yes" if summary["reachable"] else "no:" + ",".join(summary["failed_transports"])
+        membership.update_meta({**membership.local.metadata, "dns-reachable": value})
+
     async def _publish_problems(self) -> None:
         """Publish a new view whenever the agent's own problems differ from the view's (they have no event)."""
         while True:
             await asyncio.sleep(PROBLEM_POLL)
+            self._announce_reachability()
             published = self.health.holder.get()
             if published is not None and (published.degraded != self.problems()
                                           or published.reachable != self._reachable_summary()):

@@ -530,6 +530,19 @@ class Membership:
         if name == self._name and not self.leaving:
             self._enqueue("m:" + self._name, encode(Alive(self.local)))
 
+    def update_meta(self, meta: dict[str, str]) -> bool:
+        """Change this node's metadata (memberlist's UpdateNode): a new incarnation, announced at once.
+        Returns False when nothing changed (no broadcast)."""
+        node = self._nodes[self._name]
+        wanted = Member.meta_from(meta)
+        if wanted == node.member.meta:
+            return False
+        member = dataclasses.replace(node.member, meta=wanted, incarnation=node.member.incarnation + 1)
+        node.member = member
+        self._enqueue("m:" + self._name, encode(Alive(member)), urgent=True)
+        self._events.member_changed(MemberView(member, node.state, node.since), node.state)
+        return True
+
     def _refute(self, accused: int) -> None:
         """Someone thinks we are suspect or dead at incarnation ``accused``: outbid it."""
         node = self._nodes[self._name]

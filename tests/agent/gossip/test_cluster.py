@@ -80,3 +80,21 @@ def test_partitioned_member_is_declared_dead_then_rejoins_after_heal() -> None:
     # Neither side gossips to the other any more: the reconnect push-pulls bring them together.
     assert cluster.run_for(60.0, stop=lambda: converged(cluster))
     assert sum(m.stats.reconnects for m in nodes) > 0
+
+
+def test_a_metadata_update_reaches_everyone_with_a_new_incarnation() -> None:
+    cluster = SimCluster(lan(), seed=8)
+    cluster.converged_start(10)
+    cluster.run_for(2.0)
+    node = cluster.nodes[cluster.member(4).name]
+    before = node.local.incarnation
+    assert node.update_meta({"dns-reachable": "no:tcp"})
+    assert not node.update_meta({"dns-reachable": "no:tcp"})   # unchanged: nothing sent
+
+    def everyone_knows() -> bool:
+        views = [m.member(node.local.name) for m in cluster.alive()]
+        return all(v is not None and v.member.metadata == {"dns-reachable": "no:tcp"} for v in views)
+
+    assert cluster.run_for(5.0, stop=everyone_knows)
+    assert node.local.incarnation == before + 1
+    assert sum(m.stats.deaths for m in cluster.nodes.values()) == 0
