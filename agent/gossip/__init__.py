@@ -1,9 +1,8 @@
 """Gossip between agents: SWIM + Lifeguard membership, the wire format and the keyring.
 
 Knows nothing of projects or the replicated store, which plugs in behind ``sync.Replica``
-(``agent.replication``). The
-protocol logic is pure: it runs on an injected scheduler and transport, in virtual time on the
-in-memory network or on asyncio and UDP.
+(``agent.replication``). The protocol logic is pure: it runs on an injected scheduler and
+transport, in virtual time on the in-memory network or on asyncio and UDP.
 
 ========================  ==================================================================
 ``config``                timings: one documented base, ``lan()`` and ``wan()`` presets
