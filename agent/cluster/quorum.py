@@ -34,6 +34,10 @@ Rules (:func:`region_verdict`), in order:
 5. **minority**: an agent that does not see a strict majority of the known regions alive
    (:func:`has_majority`) removes nobody (:attr:`Status.HELD`): it can not tell its own
    isolation from the others' failure. The same test gates the control API's writes.
+6. **one vantage point**: when this agent's region is the only live one besides the region
+   judged (a third region silent), its vote alone is no majority: :attr:`Status.CONTESTED`, as
+   with two regions. An agent being cut off from the others loses them one at a time and sees
+   this before its own minority; without the rule it would drop a region on its own probe.
 
 So a cut link between two regions of three never takes either out (the third region's vote
 is missing from the majority), an isolated region is dropped by the others once their
@@ -193,6 +197,12 @@ def _decide(view: ClusterView, region: str, down: int, vantage: int, what: str) 
     if not has_majority(view):
         return Verdict(region, Status.HELD, f"{what} seen by {down} of {vantage}, but this agent sees no majority "
                        f"of regions alive: it removes nobody", down, vantage)
+    if vantage < 2:
+        # Only this agent's region can see the region (the third one is silent): one vote is no
+        # quorum, however many regions are configured; an agent that is being cut off sees this
+        # before it sees its own minority.
+        return Verdict(region, Status.CONTESTED, f"{what} seen by {down} of {vantage}; no other live vantage point: "
+                       f"the policy decides", down, vantage)
     if 2 * down > vantage:
         return Verdict(region, Status.OUT, f"{what}: {down} of {vantage} vantage points agree", down, vantage)
     return Verdict(region, Status.UP, f"{what} seen by {down} of {vantage} vantage points: no majority", down,

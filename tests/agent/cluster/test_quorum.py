@@ -106,6 +106,13 @@ VERDICTS = [
      Case(A, THREE, {}, obs=((IN, B, B, False, 1), (IN, C, B, False, 1))), B, Status.UP, True, True),
     ("latest ingress verdict wins", Case(A, THREE, {}, obs=((IN, A, B, False, 1), (IN, C, B, False, 9),
                                                              (IN, C, B, True, 3))), B, Status.UP, True, True),
+    # one live vantage point besides the judged region (the third region silent): one vote is no quorum
+    ("third region dead, B's ingress down seen by A alone",
+     Case(A, THREE, {C: DEAD}, obs=((IN, A, B, False, 1),)), B, Status.CONTESTED, True, False),
+    ("being cut off, from C: A dead, B suspect, B's ingress down seen by C alone",
+     Case(C, THREE, {A: DEAD, B: (State.SUSPECT,)}, obs=((IN, C, B, False, 1),)), B, Status.CONTESTED, True, False),
+    ("third region dead: its silence still out by the other two",
+     Case(A, THREE, {C: DEAD}, obs=((L, B, C, False, 1),)), C, Status.OUT, False, False),
     # fencing
     ("fenced is out", Case(A, THREE, {}, fenced=(B,)), B, Status.FENCED, False, False),
     ("fenced in a minority is still out", Case(A, THREE, {B: DEAD, C: DEAD}, fenced=(B,)), B, Status.FENCED, False,
