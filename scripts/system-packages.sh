@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and benches drive: dig/nsupdate, PowerDNS 4.7 with LUA
 # records (the reference the differential test compares against), dnsperf and wrk (benches), and
-# prometheus for promtool (the example alert rules and the /metrics format, tests/deploy/), and
+# prometheus for promtool (the example alert rules and the /metrics format, tests/deploy/), iproute2
+# and nftables (network namespaces and cut links, tests/e2e/test_partitions.py), and
 # podman, buildah, runc, debootstrap and tini for the image test, whose base image and wheels
 # container/prepare-base.sh makes once (it needs the network; the test does not).
 set -euo pipefail
-packages=(bind9-dnsutils pdns-server pdns-backend-bind dnsperf wrk prometheus podman buildah runc debootstrap tini)
+packages=(bind9-dnsutils pdns-server pdns-backend-bind dnsperf wrk prometheus podman buildah runc debootstrap tini
+          iproute2 nftables)
 missing=()
 command -v dig >/dev/null 2>&1 || missing+=(bind9-dnsutils)
 command -v pdns_server >/dev/null 2>&1 || missing+=(pdns-server)
 [[ -n $(find /usr/lib -name libbindbackend.so 2>/dev/null | head -1) ]] || missing+=(pdns-backend-bind)
 command -v dnsperf >/dev/null 2>&1 || missing+=(dnsperf)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)     # network namespaces: tests/e2e/test_partitions.py
+command -v nft >/dev/null 2>&1 || missing+=(nftables)     # links cut there
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 for tool in podman buildah runc debootstrap tini; do command -v $tool >/dev/null 2>&1 || missing+=($tool); done
 if (( ${#missing[@]} == 0 )); then
