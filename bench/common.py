@@ -255,7 +255,7 @@ def wait_http(port: int, path: str, watch: Sequence[tuple[subprocess.Popen[bytes
         time.sleep(0.05)  # polling a child process for readiness
 
 
-def wait_dns(server: Server, timeout: float = 20.0, zone: str = ZONE) -> None:
+def wait_dns(server: Server, timeout: float = 60.0, zone: str = ZONE) -> None:
     """Poll the zone's SOA over UDP until the server answers NOERROR; fail early if it exits."""
     import dns.exception
     import dns.message

@@ -166,7 +166,8 @@ class Server:
             q.flags &= ~dns.flags.RD
         if self.process.poll() is not None:
             raise AssertionError(f"{self.name} exited ({self.process.returncode}):\n{self.tail()}")
-        return dns.query.udp(q, "127.0.0.1", port=self.port, timeout=1.0)
+        return dns.query.udp(q, "127.0.0.1", port=self.port, timeout=1.0,
+                              ignore_unexpected=True)  # a stray datagram to a reused client port
 
     def addresses(self, slug: str) -> frozenset[str] | None:
         """The A address set answered for <slug>.<zone>, or None when the query failed."""
