@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -163,6 +163,7 @@ class Gauges:
     sent_bytes: float = 0.0
     received_bytes: float = 0.0
     sent_messages: float = 0.0
+    sent_by_type: dict[str, float] = field(default_factory=dict)   # bytes sent, by message type
 
 
 def parse_metrics(text: str) -> Gauges:
@@ -178,6 +179,8 @@ def parse_metrics(text: str) -> Gauges:
         elif head.startswith("region_agent_gossip_bytes_total{"):
             if 'direction="sent"' in head:
                 g.sent_bytes += float(value)
+                kind = head.partition('type="')[2].partition('"')[0]
+                g.sent_by_type[kind] = g.sent_by_type.get(kind, 0.0) + float(value)
             else:
                 g.received_bytes += float(value)
         elif head.startswith("region_agent_gossip_messages_total{") and 'direction="sent"' in head:
@@ -320,12 +323,16 @@ async def run_size(n: int, plan: Plan, results: Results) -> None:
         received = [(a.received_bytes - b.received_bytes) / window for b, a in pairs]
         messages = [(a.sent_messages - b.sent_messages) / window for b, a in pairs]
         rss = [_rss_mb(pid) for pid in pids]
+        kinds = sorted({kind for _, a in pairs for kind in a.sent_by_type})
+        by_type = {kind: round(statistics.median((a.sent_by_type.get(kind, 0.0) - b.sent_by_type.get(kind, 0.0))
+                                                 / window for b, a in pairs)) for kind in kinds} if pairs else {}
         steady = {
             "n": n, "window_s": round(window, 1), "settle_s": plan.settle, "sync_interval_s": plan.sync_interval,
             "cpu_seconds_per_agent_per_minute": _stats(cpu_min, 3),
             "cpu_percent_per_agent_median": round(statistics.median(cpu_min) / 60 * 100, 2),
             "cpu_percent_all_agents": round(sum(cpu_min) / 60 * 100, 2),
             "sent_bytes_per_s_per_agent": _stats(sent, 0),
+            "sent_bytes_per_s_per_agent_by_type_median": by_type,
             "received_bytes_per_s_per_agent": _stats(received, 0),
             "sent_messages_per_s_per_agent": _stats(messages, 2),
             "rss_mb_per_agent": _stats(rss, 1),
