@@ -353,7 +353,11 @@ class Agent:
         self._spawn(self.observer.run_ingress, "cluster ingress probes")
         self._spawn(self.cluster_answers.run, "cluster verdicts")
 
-    def _on_member_change(self, _view: Any, _previous: Any) -> None:
+    def _on_member_change(self, view: Any, previous: Any) -> None:
+        from agent.gossip.messages import State
+
+        if view.state is State.ALIVE and previous is not State.ALIVE and previous is not State.SUSPECT:
+            self.observer.probe_soon()   # a member (re)appeared: look at its region's ingress now
         self.cluster_answers.request()
         self._publish_view_soon()
 

@@ -158,3 +158,14 @@ async def test_a_region_out_by_majority_leaves_the_answers_and_comes_back() -> N
     answers.recompute()
     assert answers.out == {}
     assert observations.copies == {}
+
+
+def test_one_agent_per_region_publishes_the_lowest_name_alive() -> None:
+    store = _store("sfo1", "ams1")
+    sent: list[tuple[str, bytes]] = []
+    members = [_member("sfo1", "n0"), _member("sfo1", "n1"), _member("ams1", "n1")]
+    observer = _observer(store, members, sent)   # it is sfo1/n1
+    assert not observer.is_publisher() and not observer.publish(force=True) and sent == []
+    assert (Aspect.LIVENESS, "sfo1", "ams1") in observer.observations   # kept for its own view all the same
+    members[0] = _member("sfo1", "n0", State.DEAD)
+    assert observer.is_publisher() and observer.publish() and len(sent) == 1
