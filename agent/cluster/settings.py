@@ -24,7 +24,9 @@ class ClusterSettings(BaseModel):
         description="Seconds between two looks at the cluster: this region's observations are gossiped when they "
         "change, and at least every observation_max_age / 3.")
     observation_max_age: float = Field(
-        default=30.0, gt=0, description="Seconds another region's observation counts in a quorum.")
+        default=60.0, gt=0,
+        description="Seconds another region's observation counts in a quorum. Unchanged observations are "
+        "re-sent every third of it, so it sets the idle gossip of observations (one publisher per region).")
     ingress_interval: float = Field(
         default=5.0, gt=0,
         description="Seconds between two probes of each other region's ingress (one per region and address, never "
