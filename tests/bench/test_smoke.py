@@ -149,7 +149,21 @@ def _gossip_cluster(lines: Lines) -> None:
     assert kill["missing"] == 0 and _number(kill["all_s"]) > 0
 
 
+def _probe_count(lines: Lines) -> None:
+    (alone,) = _results(lines, "standalone")
+    assert alone["copy_checks_per_check_interval"] == sum(alone["per_copy_checks"].values()) > 0
+    assert alone["ingress_probes_per_interval"] == 0 and alone["agent_alive_at_end"]
+    (cluster,) = _results(lines, "cluster")
+    # loose bounds: a smoke window holds few rounds, on a loaded machine
+    assert 0 < _number(cluster["ingress_probes_per_ingress_interval"]) <= 2 * cluster["expected_ingress_total"]
+    assert set(cluster["ingress_probes_per_agent_per_ingress_interval"]) == set(
+        cluster["own_region_checks_first_round"])
+    assert all(_number(v) > 0 for v in cluster["own_region_checks_first_round"].values())
+    assert cluster["agents_alive_at_end"]
+
+
 CHECKS: dict[str, Callable[[Lines], None]] = {
+    "probe_count": _probe_count,
     "gossip_cluster": _gossip_cluster,
     "dns_throughput": _dns_throughput,
     "loop_stall": _loop_stall,
