@@ -2,9 +2,10 @@
 
 - **Out, fresh:** every entry this agent writes itself (copy health, ACME challenges, a zone file
   import) is broadcast as a gossip user message, piggybacked on the membership's packets, so it
-  reaches every agent in O(log N) gossip hops. A batch larger than :data:`MAX_BROADCAST_BATCH`, or
-  an entry too big for a datagram, is not broadcast: anti-entropy rounds start at once instead
-  (a zone import of 10,000 projects must not flood the broadcast queue).
+  reaches every agent in O(log N) gossip hops. A batch larger than :data:`MAX_BROADCAST_BATCH`, a
+  write while :data:`MAX_QUEUED` broadcasts still wait, or an entry too big for a datagram, is not
+  broadcast: anti-entropy rounds start at once instead (a zone import of 10,000 projects, or the
+  first 10,000 check results, must not flood the broadcast queue).
 - **In, fresh:** user messages with the ``s:`` key prefix are decoded and merged; every arrival of
   one loop turn goes through one :meth:`Store.merge` (one zone recompilation per burst).
 - **Anti-entropy:** :class:`StoreReplica` is the :class:`agent.gossip.sync.Replica` for the store:
@@ -33,6 +34,7 @@ logger = logging.getLogger("region_agent.gossip")
 
 USER_PREFIX = "s:"
 MAX_BROADCAST_BATCH = 64     # local entries per store change broadcast one by one; above it, anti-entropy
+MAX_QUEUED = 256             # broadcasts already queued past which local changes go to anti-entropy instead
 MERGE_SLICE = 2_000          # entries per Store.merge call while catching up (a loop turn between slices)
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -95,22 +97,27 @@ class StoreReplica:
         self.metrics = ReplicationMetrics(registry)
         self._broadcast: Callable[[str, bytes], None] | None = None
         self._sync_now: Callable[[int], None] | None = None
+        self._queued: Callable[[], int] = lambda: 0
         self._merging = False
         self._inbox: list[Entry] = []
         self._flush: asyncio.Handle | None = None
         store.subscribe(self._on_change)
 
-    def attach(self, broadcast: Callable[[str, bytes], None], sync_now: Callable[[int], None]) -> None:
+    def attach(self, broadcast: Callable[[str, bytes], None], sync_now: Callable[[int], None],
+               queued: Callable[[], int] = lambda: 0) -> None:
         """Start spreading local writes (before this, nothing is sent: nobody is there to hear it)."""
         self._broadcast = broadcast
         self._sync_now = sync_now
+        self._queued = queued
 
     # --- out ----------------------------------------------------------------------------------
 
     def _on_change(self, changed: list[Entry]) -> None:
         if self._merging or self._broadcast is None:
             return
-        if len(changed) > MAX_BROADCAST_BATCH:
+        if len(changed) > MAX_BROADCAST_BATCH or self._queued() >= MAX_QUEUED:
+            # A big batch, or a stream of single writes (10,000 first check results) outrunning the
+            # gossip: the entries wait for anti-entropy, which moves whole buckets in a few rounds.
             self.metrics.oversized.inc(len(changed))
             assert self._sync_now is not None
             self._sync_now(3)

@@ -340,7 +340,7 @@ class Agent:
         self.cluster_answers.listeners.append(self._publish_view_soon)
         node.user_handlers.append(self.replica.user_message)
         node.user_handlers.append(self.observer.user_message)
-        self.replica.attach(node.broadcast, node.sync_now)
+        self.replica.attach(node.broadcast, node.sync_now, node.queued_broadcasts)
         node.member_listeners.append(self._on_member_change)
         self.keyring_watcher = KeyringWatcher(g.keyring_file, keyring)
         self._spawn(node.run_join, "gossip join")

@@ -92,6 +92,9 @@ class GossipConfig:
     user_seen_keys: int = 4096
     """Broadcast keys remembered to drop duplicates of a user broadcast (bounded memory)."""
 
+    broadcast_queue_max: int = 4096
+    """Broadcasts queued at most; past it the most-sent are dropped (anti-entropy repairs them)."""
+
     def __post_init__(self) -> None:
         positive = ("probe_interval", "probe_timeout", "gossip_interval", "gossip_to_the_dead",
                     "push_pull_interval", "reconnect_interval", "reconnect_timeout")
@@ -103,7 +106,8 @@ class GossipConfig:
             # four one-way hops and the helpers' own timeout for the nack.
             raise ValueError("probe_interval must be at least twice probe_timeout")
         for name in ("indirect_checks", "gossip_nodes", "retransmit_mult", "suspicion_mult",
-                     "suspicion_max_timeout_mult", "awareness_max_multiplier", "reconnect_limit"):
+                     "suspicion_max_timeout_mult", "awareness_max_multiplier", "reconnect_limit",
+                     "broadcast_queue_max"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.packet_bytes < 512 or self.stream_bytes < self.packet_bytes:

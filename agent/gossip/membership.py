@@ -146,7 +146,7 @@ class Membership:
         self._events: Events = events or NoEvents()
         self.stats = stats or GossipStats()
         self._awareness = Awareness(config.awareness_max_multiplier)
-        self._queue = BroadcastQueue()
+        self._queue = BroadcastQueue(config.broadcast_queue_max)
         # Incarnations start at 1 so that a peer's "never heard of it" (0) is always older.
         local = dataclasses.replace(local, incarnation=max(1, local.incarnation))
         self._name = local.name
@@ -185,6 +185,9 @@ class Membership:
     def member(self, name: str) -> MemberView | None:
         node = self._nodes.get(name)
         return None if node is None else MemberView(node.member, node.state, node.since)
+
+    def dropped_broadcasts(self) -> int:
+        return self._queue.dropped
 
     def queued_broadcasts(self) -> int:
         return len(self._queue)

@@ -72,6 +72,9 @@ class GossipCollector(Collector):
                                 value=0 if membership is None else membership.health_score)
         yield GaugeMetricFamily("region_agent_gossip_queued_broadcasts", "Broadcasts waiting to be gossiped",
                                 value=0 if membership is None else membership.queued_broadcasts())
+        yield CounterMetricFamily("region_agent_gossip_broadcasts_dropped",
+                                  "Broadcasts dropped from a full queue (anti-entropy repairs what they carried)",
+                                  value=0 if membership is None else membership.dropped_broadcasts())
         sync = node.anti_entropy
         rounds = CounterMetricFamily("region_agent_gossip_sync_rounds",
                                      "Anti-entropy rounds by result (in_sync, repaired, exchanged, timeout, busy, "

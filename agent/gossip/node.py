@@ -149,6 +149,9 @@ class GossipNode:
         if self.membership is not None:
             self.membership.broadcast(key, payload)
 
+    def queued_broadcasts(self) -> int:
+        return 0 if self.membership is None else self.membership.queued_broadcasts()
+
     def sync_now(self, fanout: int = 1) -> None:
         if self.anti_entropy is not None:
             self.anti_entropy.sync_now(fanout)

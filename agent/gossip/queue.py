@@ -3,6 +3,10 @@
 Each queued message is sent at most ``limit`` times (``retransmit_mult * ceil(log10(N + 1))``),
 least-sent first, so fresh news overtakes old news. A newer message with the same key (the same
 member, the same user broadcast) replaces the queued one: nobody needs an outdated alive.
+
+The queue is bounded (``max_items``): past it the most-sent items go first (they are the most
+widely known already), so a burst of news costs bounded memory and bounded work per packet;
+anti-entropy repairs whatever a dropped broadcast would have told.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ class _Item:
 
 
 class BroadcastQueue:
-    def __init__(self) -> None:
+    def __init__(self, max_items: int = 4096) -> None:
         self._items: dict[str, _Item] = {}
         self._order = 0
+        self.max_items = max_items
+        self.dropped = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -33,6 +39,14 @@ class BroadcastQueue:
     def queue(self, key: str, payload: bytes) -> None:
         self._order += 1
         self._items[key] = _Item(key, payload, self._order)
+        if len(self._items) > self.max_items:
+            # Drop to 90 % at once (one sort per burst, not per item): most sent first, oldest among equals.
+            keep = self.max_items * 9 // 10
+            ranked = sorted(self._items.values(), key=lambda i: (-i.transmits, i.order))
+            for item in ranked[:len(self._items) - keep]:
+                if item.key != key:
+                    del self._items[item.key]
+                    self.dropped += 1
 
     def take(self, budget: int, limit: int, max_parts: int) -> list[bytes]:
         """Payloads that fit in ``budget`` bytes of compound parts (overhead counted), least sent first;
