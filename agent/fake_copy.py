@@ -233,6 +233,12 @@ class HealthEndpoint:
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # stop() cancels connections still open; a cancelled connection callback would make asyncio
+        # log a traceback per connection (StreamReaderProtocol asks the task for its exception).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._serve(reader, writer)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)

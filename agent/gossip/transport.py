@@ -93,7 +93,7 @@ class UdpTransport:
             chosen = udp_sock.getsockname()[1]
             self = cls(Address(host, chosen), keyring, stats, **kwargs)
             try:
-                self._server = await asyncio.start_server(self._on_stream, host, chosen, reuse_address=True)
+                self._server = await asyncio.start_server(self._on_connection, host, chosen, reuse_address=True)
             except OSError:
                 udp_sock.close()
                 if port:
@@ -187,6 +187,11 @@ class UdpTransport:
             self._tls_logged[host] = now
             logger.warning("gossip TLS handshake with %s failed (further failures of this peer counted, "
                            "logged again after %.0f s): %s", host, TLS_LOG_INTERVAL, exc)
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Cancelled at shutdown, a connection callback would make asyncio log a traceback each.
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._on_stream(reader, writer)
 
     async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         readexactly = reader.readexactly
