@@ -49,6 +49,7 @@ from agent.state.model import (
     Key,
     Mode,
     ModelError,
+    PartitionPolicy,
     Project,
     Region,
     Value,
@@ -125,6 +126,7 @@ class _ProjectEntry(BaseModel):
     primary: str | None = None
     mode: Mode = Mode.HA
     all_down: AllDownPolicy = AllDownPolicy.ALL
+    partition: PartitionPolicy | None = None
 
 
 class _ZoneFile(BaseModel):
@@ -190,7 +192,7 @@ def parse_zone_data(raw: Any, source: str = "zone file") -> ZoneData:
             regions[name] = Region(name, tuple(r.ipv4), tuple(r.ipv6), tuple(r.ns_ipv4), tuple(r.ns_ipv6),
                                    r.latitude, r.longitude)
         for slug, p in parsed.projects.items():
-            projects[slug] = Project(slug, tuple(p.regions), p.primary, p.mode, p.all_down)
+            projects[slug] = Project(slug, tuple(p.regions), p.primary, p.mode, p.all_down, p.partition)
     except (ModelError, ValueError) as exc:
         raise ZoneFileError(f"{source}: {exc}") from None
     for slug, project in projects.items():

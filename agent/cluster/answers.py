@@ -4,7 +4,9 @@ The verdicts (``agent.cluster.quorum``) are recomputed whenever the membership, 
 or the regions change, and every second (observations age). When the set of regions out of the
 answers changes, every copy of those regions gets this agent's observation "region out: <why>"
 (``agent.state.observations``), which the zone compiler lays over the store: answers change,
-the zone serial does not, nothing is replicated. A copy of a region back in loses it.
+the zone serial does not, nothing is replicated. A copy of a region back in loses it. A region
+no majority can judge (two regions, no witness) is dropped per project: the project's
+``partition`` policy, or the zone's ``cluster.two_region_policy``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from agent.cluster.quorum import ClusterView, Policy, Verdict, has_majority, verdicts
+from agent.cluster.quorum import ClusterView, Policy, Status, Verdict, has_majority, verdicts
 from agent.state.model import CopyHealth, Kind
 from agent.state.observations import Observations
 from agent.state.store import Entry, Store
@@ -37,6 +39,7 @@ class ClusterAnswers:
         self._marked: dict[tuple[str, str], str] = {}
         self._pending: asyncio.Handle | None = None
         self._published: tuple[bool, tuple[Verdict, ...]] = (True, ())
+        self._judged: dict[str, Verdict] = {}
         self.listeners: list[Callable[[], None]] = []   # told when a verdict or the majority changes
         self._in_answers = Gauge("region_agent_cluster_region_in_answers",
                                  "Whether the cluster's verdict keeps a region in this agent's answers (1) or not (0)",
@@ -59,7 +62,7 @@ class ClusterAnswers:
         kinds = {entry.key[0] for entry in changed}
         if kinds & {Kind.REGION.value, Kind.FENCE.value}:
             self.request()
-        elif self.out and Kind.PROJECT.value in kinds:
+        elif self._judged and Kind.PROJECT.value in kinds:
             self._apply()
 
     def recompute(self) -> None:
@@ -81,6 +84,10 @@ class ClusterAnswers:
                 logger.info("region %s is back in the answers (%s)", region, self.verdicts[region].reason
                             if region in self.verdicts else "no longer configured")
             self.out = out
+        # Regions some project may drop: out, fenced, or contested (a project's own policy decides).
+        judged = {region: v for region, v in self.verdicts.items() if v.status not in (Status.UP, Status.HELD)}
+        if judged != self._judged:
+            self._judged = judged
             self._apply()
 
     def describe(self) -> dict[str, object]:
@@ -90,9 +97,14 @@ class ClusterAnswers:
                                      "reason": v.reason} for region, v in sorted(self.verdicts.items())}}
 
     def _apply(self) -> None:
-        wanted = {(slug, region): f"region out: {self.out[region]}"
-                  for slug, project in self.store.projects.items() for region in project.regions
-                  if region in self.out}
+        wanted: dict[tuple[str, str], str] = {}
+        if self._judged:
+            for slug, project in self.store.projects.items():
+                policy = self.policy if project.partition is None else Policy(project.partition.value)
+                for region in project.regions:
+                    verdict = self._judged.get(region)
+                    if verdict is not None and not verdict.in_answers(policy):
+                        wanted[(slug, region)] = f"region out: {verdict.reason}"
         self.observations.forget(sorted(copy for copy in self._marked if copy not in wanted))
         for copy, reason in sorted(wanted.items()):
             if self._marked.get(copy) != reason:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from agent.base.names import InvalidNameError, project_slug, region_name
-from agent.state.model import AllDownPolicy, Fence, Mode, ModelError, Project, Region
+from agent.state.model import AllDownPolicy, Fence, Mode, ModelError, PartitionPolicy, Project, Region
 
 __all__ = ["ApiError", "parse_body", "parse_fence", "parse_project", "parse_region", "path_region", "path_slug"]
 
@@ -101,7 +101,8 @@ def _string(data: Mapping[str, Any], key: str, field: str) -> str:
     return value
 
 
-def _enum(data: Mapping[str, Any], key: str, kind: type[Mode] | type[AllDownPolicy], default: str) -> str:
+def _enum(data: Mapping[str, Any], key: str, kind: type[Mode] | type[AllDownPolicy] | type[PartitionPolicy],
+          default: str) -> str:
     if key not in data:
         return default
     value = _string(data, key, f"$.{key}")
@@ -113,7 +114,7 @@ def _enum(data: Mapping[str, Any], key: str, kind: type[Mode] | type[AllDownPoli
 
 def parse_project(slug: str, data: Mapping[str, Any], known_regions: Collection[str]) -> Project:
     """A project from a PUT body; every region it names must be a known region."""
-    _only(data, ("slug", "regions", "primary", "mode", "all_down"))
+    _only(data, ("slug", "regions", "primary", "mode", "all_down", "partition"))
     _name_matches(data, "slug", slug)
     if "regions" not in data:
         raise ApiError(422, "regions is required", "$.regions")
@@ -145,8 +146,10 @@ def parse_project(slug: str, data: Mapping[str, Any], known_regions: Collection[
             raise ApiError(422, f"primary {primary!r} is not one of the project's regions", "$.primary")
     mode = _enum(data, "mode", Mode, Mode.HA.value)
     all_down = _enum(data, "all_down", AllDownPolicy, AllDownPolicy.ALL.value)
+    partition = (None if data.get("partition") is None
+                 else PartitionPolicy(_enum(data, "partition", PartitionPolicy, "")))
     try:
-        return Project(slug, tuple(regions), primary, Mode(mode), AllDownPolicy(all_down))
+        return Project(slug, tuple(regions), primary, Mode(mode), AllDownPolicy(all_down), partition)
     except (ModelError, ValueError) as exc:  # the checks above should leave nothing to this
         raise ApiError(422, str(exc), "$") from None
 

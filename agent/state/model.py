@@ -58,6 +58,13 @@ class AllDownPolicy(enum.StrEnum):
     SERVFAIL = "servfail"
 
 
+class PartitionPolicy(enum.StrEnum):
+    """A project's answer when no majority can judge a region (two regions, no witness)."""
+
+    HOLD = "hold"  # keep answering the silent region: a partition never empties an answer
+    FAILOVER = "failover"  # drop it: a dead region leaves, but a partition makes each side drop the other
+
+
 class ModelError(ValueError):
     """A record that breaks the model's rules; the message names the field."""
 
@@ -130,9 +137,12 @@ class Project:
     primary: str | None = None
     mode: Mode = Mode.HA
     all_down: AllDownPolicy = AllDownPolicy.ALL
+    partition: PartitionPolicy | None = None  # None: the zone's cluster.two_region_policy
 
     def __post_init__(self) -> None:
         project_slug(self.slug)
+        if self.partition is not None:
+            object.__setattr__(self, "partition", PartitionPolicy(self.partition))
         if not self.regions:
             raise ModelError(f"project {self.slug}: regions must not be empty")
         for name in self.regions:
@@ -158,6 +168,7 @@ class Project:
         return {
             "slug": self.slug, "regions": list(self.regions), "primary": self.primary,
             "mode": self.mode.value, "all_down": self.all_down.value,
+            **({} if self.partition is None else {"partition": self.partition.value}),
         }
 
     @classmethod
@@ -165,6 +176,7 @@ class Project:
         return cls(
             slug=str(data["slug"]), regions=tuple(data["regions"]), primary=data.get("primary"),
             mode=Mode(data.get("mode", "ha")), all_down=AllDownPolicy(data.get("all_down", "all")),
+            partition=None if data.get("partition") is None else PartitionPolicy(data["partition"]),
         )
 
 

@@ -62,6 +62,16 @@ def test_good_file(tmp_path: Path) -> None:
     assert set(data.regions) == {"sfo1", "ams1"}
     assert data.projects["shop"].groups == (("sfo1",), ("ams1",))
     assert data.projects["blog"].all_down.value == "servfail"
+    assert data.projects["shop"].partition is None
+
+
+def test_a_project_may_name_its_partition_policy(tmp_path: Path) -> None:
+    path = tmp_path / "zone.yaml"
+    path.write_text("regions: {sfo1: {}, ams1: {}}\nprojects:\n  shop: {regions: [sfo1, ams1], partition: failover}\n")
+    assert read_zone_file(path).projects["shop"].partition == "failover"
+    path.write_text("regions: {sfo1: {}}\nprojects:\n  shop: {regions: [sfo1], partition: sometimes}\n")
+    with pytest.raises(ZoneFileError, match="partition"):
+        read_zone_file(path)
 
 
 BAD_FILES = [

@@ -22,7 +22,7 @@ from agent.fake_copy import HealthEndpoint
 from agent.gossip.membership import MemberView
 from agent.gossip.messages import MAX_USER_PAYLOAD, Address, Member, Role, State, User
 from agent.state.hlc import HybridClock
-from agent.state.model import CopyHealth, Project, Region, project_key, region_key
+from agent.state.model import CopyHealth, PartitionPolicy, Project, Region, project_key, region_key
 from agent.state.observations import Observations, ObservedState
 from agent.state.store import Store
 
@@ -169,3 +169,22 @@ def test_one_agent_per_region_publishes_the_lowest_name_alive() -> None:
     assert (Aspect.LIVENESS, "sfo1", "ams1") in observer.observations   # kept for its own view all the same
     members[0] = _member("sfo1", "n0", State.DEAD)
     assert observer.is_publisher() and observer.publish() and len(sent) == 1
+
+
+async def test_a_contested_region_is_dropped_only_by_projects_whose_policy_says_failover() -> None:
+    store = _store("sfo1", "ams1")
+    store.put_many([(project_key("keep"), Project("keep", ("sfo1", "ams1"))),
+                    (project_key("drop"), Project("drop", ("sfo1", "ams1"), partition=PartitionPolicy.FAILOVER))],
+                   writer="control/api")
+    members = [_member("sfo1", "n1"), _member("ams1", "n1", State.DEAD)]
+    quorum = Quorum(local_region="sfo1", max_age=30, clock=time.time)
+    observations = Observations()
+    answers = ClusterAnswers(store=store, observations=observations,
+                             view=lambda: quorum.view(regions=store.regions.keys(), members=members),
+                             policy=Policy.HOLD, registry=CollectorRegistry())
+    answers.recompute()
+    assert answers.verdicts["ams1"].status.value == "contested" and answers.out == {}   # the zone holds
+    assert set(observations.copies) == {("drop", "ams1")}
+    # The project changes its policy back: its copy returns without any membership change.
+    store.put_many([(project_key("drop"), Project("drop", ("sfo1", "ams1")))], writer="control/api")
+    assert observations.copies == {}

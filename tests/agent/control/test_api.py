@@ -164,6 +164,7 @@ BAD: list[tuple[str, str, object, bytes | None, dict[str, str], int, str]] = [
     ("PUT", "/v1/projects/shop", {"regions": ["sfo1"], "primary": 1}, None, {}, 422, "$.primary"),
     ("PUT", "/v1/projects/shop", {"regions": ["sfo1"], "mode": "closest"}, None, {}, 422, "$.mode"),
     ("PUT", "/v1/projects/shop", {"regions": ["sfo1"], "all_down": "none"}, None, {}, 422, "$.all_down"),
+    ("PUT", "/v1/projects/shop", {"regions": ["sfo1"], "partition": "maybe"}, None, {}, 422, "$.partition"),
     ("PUT", "/v1/projects/shop", {"regions": ["sfo1"], "slug": "blog"}, None, {}, 422, "$.slug"),
     ("PUT", "/v1/projects/-bad-", {"regions": ["sfo1"]}, None, {}, 422, "path.slug"),
     ("GET", "/v1/projects/Bad_Slug", None, None, {}, 422, "path.slug"),
@@ -251,6 +252,10 @@ async def test_a_created_project_is_answered_by_the_zone_compiler(client: Client
     assert (await _call(client, "DELETE", "/v1/projects/shop"))[:2] == (204, None)
     assert (await _call(client, "GET", "/v1/projects/shop"))[0] == 404
     assert "shop" not in compile_zone(cluster.store.snapshot(), CONFIG).projects
+    # A project's own partition policy round-trips; absent means the zone's.
+    status, body, _ = await _call(client, "PUT", "/v1/projects/shop", {"regions": ["sfo1"], "partition": "failover"})
+    assert status == 201 and body["partition"] == "failover"
+    assert cluster.store.projects["shop"].partition == "failover"
 
 
 async def test_regions_round_trip_and_delete(client: Client, cluster: Cluster) -> None:
