@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.base.tasks import TaskSupervisor
 from agent.checks.checker import Checker, StoreCopies
-from agent.cluster.quorum import Quorum, has_majority
+from agent.cluster.quorum import Quorum, has_contact_majority, has_majority
 from agent.control import PREFIX as CONTROL_PREFIX
 from agent.control import ControlAPI
 from agent.settings import AgentSettings, SettingsError, load_settings
@@ -156,7 +156,16 @@ class Agent:
         """Whether writes are accepted: alone (no gossip) always; in a cluster, with a majority of regions alive."""
         if self.gossip is None:
             return True
-        return has_majority(self.observer.view())
+        view = self.observer.view()
+        membership = self.gossip.membership
+        if membership is None:
+            return has_majority(view)
+        # Heard from (an ack of our probe, or their ping) within two probe rounds. Not stretched by
+        # local health: an agent that can not reach the others is exactly the one whose health drops.
+        c = membership.config
+        window = 2 * (c.probe_interval * max(1, membership.live_count()) + c.probe_timeout)
+        now = asyncio.get_running_loop().time()   # the membership's scheduler clock
+        return has_majority(view) and has_contact_majority(view, membership.last_ack, now, window)
 
     def _member_views(self) -> list[Any]:
         """The members with ``since`` as wall time (the control API shows it to people)."""

@@ -48,7 +48,7 @@ witness (or the ``failover`` policy) lets one drop the other.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.gossip.membership import MemberView
@@ -56,8 +56,8 @@ from agent.gossip.messages import Role, State
 
 __all__ = [
     "Aspect", "ClusterView", "Observation", "Policy", "Quorum", "Status", "Verdict", "alive_regions",
-    "has_majority", "ingress_verdict", "known_regions", "latest_observations", "liveness_observations",
-    "liveness_verdict", "region_verdict", "regions_in_answers", "verdicts", "witness_regions",
+    "has_contact_majority", "has_majority", "ingress_verdict", "known_regions", "latest_observations",
+    "liveness_observations", "liveness_verdict", "region_verdict", "regions_in_answers", "verdicts", "witness_regions",
 ]
 
 _LIVE_STATES = frozenset((State.ALIVE, State.SUSPECT))
@@ -163,6 +163,23 @@ def has_majority(view: ClusterView) -> bool:
     """This agent sees a strict majority of the known regions (witnesses included) alive."""
     known = known_regions(view)
     return 2 * len(alive_regions(view) & known) > len(known)
+
+
+def has_contact_majority(view: ClusterView, heard_at: Mapping[str, float], now: float, window: float) -> bool:
+    """A strict majority of known regions was *heard from* within ``window`` (this agent's own region
+    always is). ``heard_at``: member name → when this agent last got an ack from it, in the same
+    clock as ``now``; a member never probed yet counts from when it became alive (``since``).
+
+    The write gate adds this to :func:`has_majority`: SWIM takes a suspicion timeout per member to
+    declare the others dead, and an agent that has just been cut off would accept writes until then;
+    with this it refuses them within about one probe round.
+    """
+    heard = {view.local_region}
+    for m in view.members:
+        if m.state in _LIVE_STATES and now - max(heard_at.get(m.member.name, m.since), m.since) <= window:
+            heard.add(m.member.region)
+    known = known_regions(view)
+    return 2 * len(heard & known) > len(known)
 
 
 def liveness_observations(view: ClusterView) -> list[Observation]:

@@ -159,6 +159,7 @@ class Membership:
         self._suspicions: dict[str, Suspicion] = {}
         self._seen_user: OrderedDict[str, None] = OrderedDict()
         self.rtt: dict[str, float] = {}   # member name → seconds of its last acked probe
+        self.last_ack: dict[str, float] = {}   # member name → last contact: its ack of our probe, or its ping
         self._timers: dict[str, Timer] = {}
         self._failed: OrderedDict[str, tuple[Address, float]] = OrderedDict()  # reconnect candidates
         self._gossip_phase = 0.0
@@ -305,6 +306,8 @@ class Membership:
                 if message.target != self._name:
                     self.stats.rejected["misdirected"] += 1
                     return
+                if message.source in self._nodes:
+                    self.last_ack[message.source] = self._scheduler.now()   # it reached us: contact
                 self._send(source, Ack(message.seq))
             case PingReq():
                 self._relay_ping(message, source)
@@ -350,6 +353,7 @@ class Membership:
                      if node.state in _GONE and now - node.since > self.config.gossip_to_the_dead and n != self._name]:
             del self._nodes[name]
             self.rtt.pop(name, None)
+            self.last_ack.pop(name, None)
         self._probe_list = list(self._nodes)
         self._rng.shuffle(self._probe_list)
         self._probe_index = 0
@@ -412,7 +416,9 @@ class Membership:
         for timer in pending.timers:
             timer.cancel()
         # Round trip of the probe (an indirect ack counts the relay's two extra hops too).
-        self.rtt[pending.target] = self._scheduler.now() - pending.started
+        now = self._scheduler.now()
+        self.rtt[pending.target] = now - pending.started
+        self.last_ack[pending.target] = now
         self._awareness.apply(-1)
         self._schedule("probe", pending.started + pending.interval - self._scheduler.now(), self._probe_tick)
 

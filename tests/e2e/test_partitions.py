@@ -74,6 +74,8 @@ QUIET_WINDOW = 3 * SUSPECT_AND_OBSERVE
 # The documented bound for the majority to drop an isolated region: one failed probe (interval and
 # timeout), the longest suspicion, one observation interval for the peer's vote, gossip spread
 # (a few gossip intervals) and one verdict tick. Measured typically well under it (printed).
+# The write gate: no ack or ping from a majority within two probe rounds (three members), plus polls.
+GATE_BOUND = 2 * (3 * _G.probe_interval + _G.probe_timeout) + 2.0
 DROP_BOUND = (_G.probe_interval + _G.probe_timeout + MAX_SUSPICION + OBSERVE_INTERVAL + 5 * _G.gossip_interval
               + VERDICT_TICK)                                                               # 10.3 s
 # The bound for the isolated agent itself to see its minority (and start refusing writes): it
@@ -264,6 +266,17 @@ async def _rcode(agent: NsAgent, name: str) -> int | None:
     return None if response is None else response.rcode()
 
 
+async def _writes_refused(agent: NsAgent) -> bool:
+    """The control API's write gate, read without writing: /v1/members says whether writes are taken."""
+    url = f"http://{agent.host}:{agent.operator_port}/v1/members"
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
+                http.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+            return response.status == 200 and (await response.json())["majority"] is False
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
 async def _put_project(agent: NsAgent, slug: str, regions: list[str]) -> tuple[int, dict[str, str], str]:
     url = f"http://{agent.host}:{agent.operator_port}/v1/projects/{slug}"
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
@@ -383,6 +396,11 @@ async def test_an_isolated_region_is_dropped_by_the_majority_and_refuses_writes(
             # accepted, kept, and spreads when the partition heals (checked below): never swallowed.
             status, _headers, body = await _put_project(fra1, "early", ["fra1"])
             assert status in (200, 201), (status, body)
+            # The write gate also wants recent contact (an ack or a ping within two probe rounds) with a
+            # majority: it closes long before SWIM has declared the others dead.
+            await wait_for(lambda: _writes_refused(fra1), timeout=3 * minority_bound(3), interval=0.1,
+                           message="fra1 refuses writes")
+            gate_after = time.monotonic() - isolated_at
             await wait_for(lambda: _answers_are([sfo1, ams1], SHOP, majority_side), timeout=3 * DROP_BOUND,
                            interval=0.05, message="sfo1 and ams1 drop fra1's copy")
             dropped_after = time.monotonic() - isolated_at
@@ -392,7 +410,9 @@ async def test_an_isolated_region_is_dropped_by_the_majority_and_refuses_writes(
             minority_after = time.monotonic() - isolated_at
             print(f"\nscenario 2: fra1 dropped by sfo1 and ams1 {dropped_after:.2f} s after its isolation "
                   f"(bound {DROP_BOUND:.1f} s); fra1 saw its minority after {minority_after:.2f} s "
-                  f"(bound {minority_bound(3):.1f} s)")
+                  f"(bound {minority_bound(3):.1f} s); its write gate closed after {gate_after:.2f} s "
+                  f"(bound {GATE_BOUND:.1f} s)")
+            assert gate_after <= GATE_BOUND, gate_after
             assert dropped_after <= DROP_BOUND, (
                 f"fra1 dropped after {dropped_after:.2f} s, over the bound {DROP_BOUND:.1f} s\n{_verdict_log(agents)}")
             assert minority_after <= minority_bound(3), (minority_after, _verdict_log(agents))

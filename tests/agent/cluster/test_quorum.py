@@ -14,6 +14,7 @@ from agent.cluster.quorum import (
     Quorum,
     Status,
     alive_regions,
+    has_contact_majority,
     has_majority,
     known_regions,
     latest_observations,
@@ -211,3 +212,20 @@ def test_whole_cluster_under_each_policy() -> None:
     assert regions_in_answers(pair, Policy.FAILOVER) == {A}
     isolated_self = Case(A, THREE, {B: DEAD, C: DEAD}).view()
     assert regions_in_answers(isolated_self, Policy.FAILOVER) == set(THREE)  # a minority removes nobody
+
+
+@pytest.mark.parametrize(("heard", "expected"), [
+    ({f"{B}-node0": 99.0, f"{C}-node0": 99.0}, True),    # both heard a second ago
+    ({f"{B}-node0": 99.0, f"{C}-node0": 50.0}, True),    # one other region recently: 2 of 3
+    ({f"{B}-node0": 50.0, f"{C}-node0": 50.0}, False),   # just cut off: both still "alive", neither heard
+    ({}, False),                                          # never acked, alive since t=0: too long ago
+])
+def test_the_write_gate_needs_recent_contact_with_a_majority(heard: dict[str, float], expected: bool) -> None:
+    view = Case(A, THREE, {}).view()   # members alive since loop time 0.0
+    assert has_majority(view)
+    assert has_contact_majority(view, heard, now=100.0, window=5.0) is expected
+
+
+def test_a_member_just_joined_counts_from_its_arrival_until_its_first_probe() -> None:
+    view = Case(A, THREE, {}).view()
+    assert has_contact_majority(view, {}, now=3.0, window=5.0)   # alive since 0.0, 3 s ago
