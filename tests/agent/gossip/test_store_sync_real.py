@@ -73,3 +73,22 @@ async def test_ten_thousand_projects_catch_up_over_streams_with_no_datagram_over
         await asyncio.gather(*tasks, return_exceptions=True)
         await b.stop()
         await a.stop()
+
+
+async def test_seeds_come_from_the_list_and_from_a_dns_name_never_ourselves(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A headless Service is a DNS name whose A records are the agents: `seeds_dns` (here localhost)."""
+    from agent.gossip.messages import Address
+
+    port = free_port()
+    settings = GossipSettings(enabled=True, bind_address="127.0.0.1", port=port, preset="lan",
+                              keyring_file=str(tmp_path / "k.json"), seeds=["localhost:7001", "127.0.0.9"],
+                              seeds_dns="localhost")
+    node = GossipNode(settings, region="sfo1", node="a", keyring=Keyring(generate_key()),
+                      replica=StoreReplica(_store("sfo1/a"), CollectorRegistry()))
+    await node.start()
+    try:
+        seeds = await node.resolve_seeds()
+        assert Address("127.0.0.1", 7001) in seeds and Address("127.0.0.9", port) in seeds
+        assert Address("127.0.0.1", port) not in seeds   # the DNS name's record that is this agent
+    finally:
+        await node.stop()
