@@ -29,6 +29,7 @@ import dns.name
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agent.base.files import Signature, file_signature
 from globaldns.acme import AcmeUpdates
 from globaldns.settings import AcmeSettings
 from globaldns.tsig import Keyring, KeySpec, TsigConfigError
@@ -74,17 +75,6 @@ def build_keyring(static: Sequence[KeySpec], path: str | os.PathLike[str] | None
     return Keyring(specs)
 
 
-_Signature = tuple[int, int, int] | None
-
-
-def _signature(path: Path) -> _Signature:
-    try:
-        st = os.stat(path)  # follows the Secret volume's symlinks
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
 class TsigKeysMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.errors = Counter("region_agent_dns_tsig_keys_file_errors",
@@ -109,7 +99,7 @@ class TsigKeysWatcher:
         self.metrics = TsigKeysMetrics(registry)
         self.metrics.keys.set_function(lambda: len(self.acme.config.keyring))
         self._problem: str | None = None
-        self._signature: _Signature | bool = False  # False: the first check reads (the file may have changed
+        self._signature: Signature | bool = False  # False: the first check reads (the file may have changed
         # since the start read it); an unchanged file changes nothing and logs nothing.
         self._names = _names(acme.config.keyring)
         self.metrics.last_success.set(time.time())
@@ -121,7 +111,7 @@ class TsigKeysWatcher:
 
     def check(self) -> bool:
         """Read the file if it changed (or the last read failed); True when the keys in use changed."""
-        signature = _signature(self.path)
+        signature = file_signature(self.path)
         if signature == self._signature and self._problem is None:
             return False
         self._signature = signature

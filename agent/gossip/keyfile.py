@@ -23,15 +23,14 @@ the new keys without a restart. A file that can not be used keeps the current ke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from agent.base.files import Signature, atomic_write, file_signature
 from agent.gossip.keyring import KeyOperationError, Keyring, encode_key, parse_key
 
 logger = logging.getLogger("region_agent.gossip")
@@ -115,26 +114,7 @@ def dump_keyring(keyring: Keyring) -> str:
 
 def save_keyring(path: str | os.PathLike[str], keyring: Keyring) -> None:
     """Write atomically (temporary file, fsync, rename, fsync of the directory), mode 0600."""
-    target = Path(path)
-    directory = target.parent
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dump_keyring(keyring))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # not every file system lets a directory be fsynced
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    atomic_write(path, dump_keyring(keyring).encode(), mode=FILE_MODE)
 
 
 def apply_keys(keyring: Keyring, primary: bytes, keys: list[bytes]) -> list[str]:
@@ -159,17 +139,6 @@ def apply_keys(keyring: Keyring, primary: bytes, keys: list[bytes]) -> list[str]
     return changes
 
 
-_Signature = tuple[int, int, int] | None
-
-
-def _signature(path: Path) -> _Signature:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
 class KeyringWatcher:
     """Keep a live :class:`Keyring` equal to its file; ``run()`` until cancelled."""
 
@@ -179,7 +148,7 @@ class KeyringWatcher:
         self.poll = poll
         self.reloads = 0
         self._problem: str | None = None
-        self._signature: _Signature | bool = False  # False: never read, so the first check reads
+        self._signature: Signature | bool = False  # False: never read, so the first check reads
 
     @property
     def problem(self) -> str | None:
@@ -188,7 +157,7 @@ class KeyringWatcher:
 
     def check(self) -> bool:
         """Read the file if it changed (or the last read failed); True when the keyring changed."""
-        signature = _signature(self.path)
+        signature = file_signature(self.path)
         if signature == self._signature and self._problem is None:
             return False
         self._signature = signature

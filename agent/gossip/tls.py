@@ -31,6 +31,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
+from agent.base.files import file_signature
+
 logger = logging.getLogger("region_agent.gossip")
 
 HANDSHAKE_TIMEOUT = 5.0
@@ -122,15 +124,7 @@ def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
 
 
 def _signature(paths: tuple[Path, ...]) -> _Signature:
-    result: list[tuple[int, int, int] | None] = []
-    for path in paths:
-        try:
-            st = os.stat(path)  # follows the Secret volume's symlinks
-        except OSError:
-            result.append(None)
-        else:
-            result.append((st.st_mtime_ns, st.st_size, st.st_ino))
-    return tuple(result)
+    return tuple(file_signature(path) for path in paths)
 
 
 class TlsServerStream:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agent.base.files import atomic_write
 from agent.state.model import ModelError
 from agent.state.store import Entry, Store, entry_from_json, entry_to_json
 
@@ -65,21 +66,6 @@ def decode_snapshot(raw: bytes) -> tuple[list[Entry], int]:
         except (ValueError, ModelError):
             refused += 1
     return entries, refused
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def _read(path: Path) -> bytes | None:
@@ -135,7 +121,7 @@ class StoreSnapshotFile:
         self._dirty.clear()
         try:
             data = await asyncio.to_thread(encode_snapshot, entries, time.time())
-            await asyncio.to_thread(_write_atomically, self.path, data)
+            await asyncio.to_thread(atomic_write, self.path, data)
         except OSError as exc:
             self._saves.labels("failed").inc()
             self.problem = f"state file {self.path} not written: {exc.strerror or exc}"
