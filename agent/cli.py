@@ -10,13 +10,12 @@ import asyncio
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from agent.base.logs import setup_logging
+from agent.operator_client import CliError, fetch_json
 from agent.settings import AgentSettings, SettingsError, load_settings
 from agent.zonefile import ZoneFileError
 from globaldns.server import BindError
@@ -84,15 +83,10 @@ def cmd_zone(args: argparse.Namespace) -> int:
 
         return cmd_digest(args)
     url = args.url.rstrip("/") + "/zone"
-    request = urllib.request.Request(url)
     try:
-        if args.token_file:
-            token = Path(args.token_file).read_text(encoding="utf-8").strip()
-            request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=5) as response:
-            data = json.load(response)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"region-agent zone: can not read {url}: {exc}", file=sys.stderr)
+        data = fetch_json(url, args.token_file)
+    except CliError as exc:
+        print(f"region-agent zone: {exc}", file=sys.stderr)
         return 1
     if args.delegation:
         from globaldns.delegation import delegation_lines, name_servers_from_zone_document
@@ -145,15 +139,10 @@ def format_zone(data: dict[str, Any]) -> str:
 def cmd_geoip(args: argparse.Namespace) -> int:
     """The GeoIP database and the reachability self-check of a running agent (its /health/region)."""
     url = args.url.rstrip("/") + "/health/region"
-    request = urllib.request.Request(url)
     try:
-        if args.token_file:
-            token = Path(args.token_file).read_text(encoding="utf-8").strip()
-            request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=5) as response:
-            data = json.load(response)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"region-agent geoip: can not read {url}: {exc}", file=sys.stderr)
+        data = fetch_json(url, args.token_file)
+    except CliError as exc:
+        print(f"region-agent geoip: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({"geoip": data.get("geoip"), "reachable": data.get("reachable")}, indent=2))

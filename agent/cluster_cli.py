@@ -10,32 +10,9 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
-
-class CliError(Exception):
-    pass
-
-
-def fetch_json(url: str, token_file: str | None) -> dict[str, Any]:
-    request = urllib.request.Request(url)
-    try:
-        if token_file:
-            token = Path(token_file).read_text(encoding="utf-8").strip()
-            request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=5) as response:
-            data = json.load(response)
-    except urllib.error.HTTPError as exc:
-        detail = exc.read(2048).decode(errors="replace").strip()
-        raise CliError(f"{url}: HTTP {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise CliError(f"can not read {url}: {exc}") from None
-    if not isinstance(data, dict):
-        raise CliError(f"{url}: not a JSON object")
-    return data
+from agent.operator_client import CliError, fetch_json
 
 
 def format_members(data: dict[str, Any], now: float | None = None) -> str:
