@@ -335,7 +335,8 @@ class Agent:
         except OSError as exc:
             raise SettingsError(f"gossip.port: can not listen on {g.bind_address} port {g.port}: "
                                 f"{exc.strerror or exc}") from exc
-        register(node, self.registry)
+        self.keyring_watcher = KeyringWatcher(g.keyring_file, keyring)
+        register(node, self.registry, self.keyring_watcher)
         c = self.settings.cluster
         checks = self.settings.checks
         self.observer = ClusterObserver(
@@ -351,7 +352,6 @@ class Agent:
         node.user_handlers.append(self.observer.user_message)
         self.replica.attach(node.broadcast, node.sync_now, node.queued_broadcasts)
         node.member_listeners.append(self._on_member_change)
-        self.keyring_watcher = KeyringWatcher(g.keyring_file, keyring)
         self._spawn(node.run_join, "gossip join")
         self._spawn(node.run_anti_entropy, "gossip anti-entropy")
         self._spawn(self.keyring_watcher.run, "gossip keyring")

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from agent.gossip.messages import State
 
 if TYPE_CHECKING:
+    from agent.gossip.keyfile import KeyringWatcher
     from agent.gossip.node import GossipNode
 
 _COUNTERS = (
@@ -98,5 +99,20 @@ class GossipCollector(Collector):
                                 value=node.join_attempts)
 
 
-def register(node: GossipNode, registry: CollectorRegistry) -> None:
+class KeyringCollector(Collector):
+    """The live keyring as its watcher keeps it: how many keys are accepted, and file changes applied."""
+
+    def __init__(self, watcher: KeyringWatcher) -> None:
+        self._watcher = watcher
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        yield GaugeMetricFamily("region_agent_gossip_keyring_keys", "Gossip keys accepted (the primary included)",
+                                value=len(self._watcher.keyring.keys()))
+        yield CounterMetricFamily("region_agent_gossip_keyring_reloads",
+                                  "Keyring file changes applied to the live keyring", value=self._watcher.reloads)
+
+
+def register(node: GossipNode, registry: CollectorRegistry, watcher: KeyringWatcher | None = None) -> None:
     registry.register(GossipCollector(node))
+    if watcher is not None:
+        registry.register(KeyringCollector(watcher))

@@ -137,18 +137,27 @@ async def test_a_wrong_key_is_rejected_and_keys_rotate_with_no_member_lost(clust
 
     watcher = asyncio.create_task(watch_members())
     try:
+        # Each step waits until every agent applied it (the watcher polls the file every 2 s).
         write_keyring(ring, [old, new], old)
-        await asyncio.sleep(3 * 2.0)    # the agents re-read the file every 2 s (poll interval of the scenario)
+        await wait_for(lambda: _keyring_is(agents, keys=2, reloads=1), timeout=15, message="new key installed")
         write_keyring(ring, [old, new], new)
-        await asyncio.sleep(3 * 2.0)
+        await wait_for(lambda: _keyring_is(agents, keys=2, reloads=2), timeout=15, message="new key in use")
         write_keyring(ring, [new], new)
-        await asyncio.sleep(3 * 2.0)
+        await wait_for(lambda: _keyring_is(agents, keys=1, reloads=3), timeout=15, message="old key removed")
         cluster.copies[0].set("down")   # gossip under the new key alone still carries changes
         await wait_for(lambda: _same_everywhere(agents, SHOP, ALL - {"127.0.0.41"}), timeout=10,
                        message="a change after the rotation")
     finally:
         watcher.cancel()
     assert lost == [], f"members lost during the rotation: {lost}"
+
+
+async def _keyring_is(agents: list[Agent], *, keys: int, reloads: int) -> bool:
+    for agent in agents:
+        if (await agent.metric("region_agent_gossip_keyring_keys") != keys
+                or await agent.metric("region_agent_gossip_keyring_reloads_total") != reloads):
+            return False
+    return True
 
 
 async def _rejected(agent: Agent, reason: str) -> bool:
