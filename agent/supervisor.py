@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -38,6 +39,7 @@ from agent.checks.checker import Checker, StoreCopies
 from agent.cluster.quorum import Quorum, has_contact_majority, has_majority
 from agent.control import PREFIX as CONTROL_PREFIX
 from agent.control import ControlAPI
+from agent.gossip.messages import State
 from agent.settings import AgentSettings, SettingsError, load_settings
 from agent.state.hlc import HybridClock
 from agent.state.local import CopyReason, CopyStatus, RegionView
@@ -171,8 +173,6 @@ class Agent:
         """The members with ``since`` as wall time (the control API shows it to people)."""
         if self.gossip is None:
             return []
-        import dataclasses
-
         return [dataclasses.replace(view, since=self.gossip.since_wall(view)) for view in self.gossip.members()]
 
     def _member_rtt(self, name: str) -> float | None:
@@ -186,12 +186,12 @@ class Agent:
         heard = self.gossip.anti_entropy.peer_digests
         return {view.member.name: (heard[view.member.name].digest if view.member.name in heard else None)
                 for view in self.gossip.members()
-                if view.member.name != self.gossip.name and view.state.name in ("ALIVE", "SUSPECT")}
+                if view.member.name != self.gossip.name and view.state in (State.ALIVE, State.SUSPECT)}
 
     def _members_by_region(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for region in (view.member.region for view in self.gossip.members()
-                       if view.state.name in ("ALIVE", "SUSPECT")):
+                       if view.state in (State.ALIVE, State.SUSPECT)):
             counts[region] = counts.get(region, 0) + 1
         return counts
 
@@ -363,8 +363,6 @@ class Agent:
         self._spawn(self.cluster_answers.run, "cluster verdicts")
 
     def _on_member_change(self, view: Any, previous: Any) -> None:
-        from agent.gossip.messages import State
-
         if view.state is State.ALIVE and previous is not State.ALIVE and previous is not State.SUSPECT:
             self.observer.probe_soon()   # a member (re)appeared: look at its region's ingress now
         self.cluster_answers.request()

@@ -47,6 +47,7 @@ from agent.gossip.messages import Address, MessageError, Sync, SyncPhase, encode
 logger = logging.getLogger("region_agent.gossip")
 
 DEFAULT_BUDGET = 4 * 1024 * 1024   # entry bytes per message: well under the stream bound
+MAX_PEER_DIGESTS = 10_000         # digests remembered (one per member heard from)
 MAX_CONTINUATIONS = 64             # rounds in a row with one peer while it keeps saying "more"
 
 
@@ -256,6 +257,9 @@ class AntiEntropy:
 
     def _heard(self, origin: str, digest: bytes) -> None:
         if digest:
+            self.peer_digests.pop(origin, None)   # re-inserted last: the dict stays in order of hearing
+            if len(self.peer_digests) >= MAX_PEER_DIGESTS:
+                del self.peer_digests[next(iter(self.peer_digests))]   # bounded: the longest unheard goes
             self.peer_digests[origin] = PeerDigest(digest.hex(), time.time())
 
     def forget_peer(self, name: str) -> None:
