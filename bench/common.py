@@ -327,7 +327,7 @@ health: {{listen_addresses: [127.0.0.1], port: {public_port}, operator_port: {op
 """, encoding="utf-8")
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
     full_env.update(env or {})
-    proc, log = procs.start(name, [sys.executable, "-m", "agent", "run", "--config", str(conf / "agent.yaml")],
+    proc, log = procs.start(name, [sys.executable, "-m", "region_agent", "run", "--config", str(conf / "agent.yaml")],
                             env=full_env, cwd=REPO)
     # metrics_port: the operator listener (/metrics, /zone, /readyz)
     server = Server(name, port, proc, log, operator_port, notes=dict(env or {}))

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agent.fake_copy import CheckRecord, read_log, write_state  # noqa: E402
+from region_agent.demo.fake_copy import CheckRecord, read_log, write_state  # noqa: E402
 from tests.fakes.ports import free_port  # noqa: E402 - the one free_port, for every bench
 
 __all__ = ["free_port"]  # the benches take it from here
@@ -159,7 +159,7 @@ def start_endpoint(procs: Procs, name: str, host: str, port: int, state: str = "
     state_file = procs.tmp / f"{name}.state"
     log_file = procs.tmp / f"{name}.log"
     write_state(state_file, state)
-    proc, out = procs.start(name, [sys.executable, "-m", "agent.fake_copy", "--bind", host, "--port",
+    proc, out = procs.start(name, [sys.executable, "-m", "region_agent.demo.fake_copy", "--bind", host, "--port",
                                    str(port), "--state-file", str(state_file), "--log", str(log_file)], cwd=REPO)
     deadline = time.monotonic() + 15
     while "health endpoint on" not in out.read_text(encoding="utf-8", errors="replace"):
@@ -281,7 +281,7 @@ health: {{listen_addresses: [127.0.0.1], port: {metrics_port}, operator_port: 0}
 """, encoding="utf-8")
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
     full_env.update(env or {})
-    proc, log = procs.start(name, [sys.executable, "-m", "agent", "run", "--config", str(conf / "agent.yaml")],
+    proc, log = procs.start(name, [sys.executable, "-m", "region_agent", "run", "--config", str(conf / "agent.yaml")],
                             env=full_env, cwd=REPO)
     deadline = time.monotonic() + 30
     while True:

@@ -5,7 +5,7 @@
     python bench/dns_throughput.py --smoke            # 1 s runs, tiny query files: does every path work?
 
 Started side by side on loopback (each stopped by PID when the bench ends), all checking the
-same two fake copies (``agent/fake_copy.py`` on 127.0.0.11/12, both ``ok``):
+same two fake copies (``region_agent/demo/fake_copy.py`` on 127.0.0.11/12, both ``ok``):
 
 * ``pdns-shared``: PowerDNS 4.7, bind backend, ``enable-lua-records=shared``, default threads
   (receiver 1, distributor 3), zone of the anchor (``bench/anchors/pdns``): ``static A`` and the

@@ -5,7 +5,7 @@
     python bench/failover.py --smoke                 # agent at 0.5 s with extras, PowerDNS at 1 s: does it run?
 
 Method (``bench/anchors/pdns/RESULTS.md`` section B, ``bench/anchors/gdnsd/RESULTS.md`` section B):
-each server under test gets its own pair of fake copies (``agent/fake_copy.py`` on
+each server under test gets its own pair of fake copies (``region_agent/demo/fake_copy.py`` on
 127.0.0.11 = primary and 127.0.0.12 = backup, one free port per server, so every check an
 endpoint logs is from that server). For each of ``--repeats`` phases, the bench waits for a
 check to land at the primary's endpoint, waits a phase of (i - 0.5)/repeats of the observed

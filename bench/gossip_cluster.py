@@ -252,7 +252,7 @@ class Plan:
 
 
 async def run_size(n: int, plan: Plan, results: Results) -> None:
-    from agent.gossip.keyring import generate_key
+    from region_agent.gossip.keyring import generate_key
     from tests.e2e.cluster import APEX
     from tests.e2e.fleet import Fleet, Tsig, copy_address
 

@@ -1,7 +1,7 @@
 """Gossip membership in virtual time: N agents (up to 1,000) on the in-memory network.
 
-Every agent is a real :class:`agent.gossip.membership.Membership` exchanging real encoded messages
-through :mod:`agent.gossip.simnet` (loss, latency); only time is simulated, so the figures are
+Every agent is a real :class:`region_agent.gossip.membership.Membership` exchanging real encoded messages
+through :mod:`region_agent.gossip.simnet` (loss, latency); only time is simulated, so the figures are
 protocol figures (seconds of simulated time, messages and bytes on the wire), not CPU figures.
 Datagram sizes include the keyring's 29 bytes of encryption overhead; IP/UDP headers are not counted.
 
@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import Results, add_arguments
 
-from agent.gossip.config import GossipConfig, lan, wan
-from agent.gossip.messages import State
-from agent.gossip.simnet import SimCluster
+from region_agent.gossip.config import GossipConfig, lan, wan
+from region_agent.gossip.messages import State
+from region_agent.gossip.simnet import SimCluster
 
 # Serf 0.9.4 on this machine (RESULTS.md, medians of 3): event with coalescing off reaching all
 # handlers, and a kill -9 reported failed by all survivors.

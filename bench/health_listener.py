@@ -14,7 +14,7 @@ For each mode the server runs pinned to CPU 0 and the load to CPU 1 (when there 
 - ``in-process``: one process like the agent: a ``HealthService`` in in-process mode (the
   listener answering from its ``ViewHolder``) with a 10,000-copy view that changes ``--churn``
   times a second;
-- ``sidecar``: ``python -m health.sidecar`` on CPU 0, fed over the Unix socket by an agent-like
+- ``sidecar``: ``python -m region_agent.health.sidecar`` on CPU 0, fed over the Unix socket by an agent-like
   process on CPU 1 (a ``HealthService`` in sidecar mode: the ``FeedPublisher`` plus the agent's
   own listener on a free ``agent_port``, churning the same way).
 
@@ -61,7 +61,7 @@ REGION = "sfo1"
 
 
 def _view(copies: int) -> object:
-    from agent.state.local import CopyReason, CopyStatus, RegionView
+    from region_agent.state.local import CopyReason, CopyStatus, RegionView
 
     now = time.time()
     statuses = {}
@@ -113,9 +113,9 @@ async def _serve_agent(port: int, mode: str, socket_path: Path, copies: int, chu
 
     from prometheus_client import CollectorRegistry
 
-    from agent.state.local import CopyReason, CopyStatus, RegionView
-    from health.service import HealthService
-    from health.settings import HealthMode, HealthSettings
+    from region_agent.health.service import HealthService
+    from region_agent.health.settings import HealthMode, HealthSettings
+    from region_agent.state.local import CopyReason, CopyStatus, RegionView
 
     # The agent's operator listener on a free port (in sidecar mode the sidecar owns `port`).
     settings = HealthSettings(
@@ -273,7 +273,8 @@ def _start_server(procs: Procs, mode: str, port: int, opts: argparse.Namespace,
         return [_start(procs, "in-process", [me, "--child", "agent", str(port), "in-process", *view], 0)], "/readyz"
     # sidecar: the feeding agent on the load's core, the sidecar alone on the server's core
     agent = _start(procs, "sidecar-agent", [me, "--child", "agent", "0", "sidecar", *view], 1)
-    sidecar = _start(procs, "sidecar", ["-m", "health.sidecar", "--region", REGION, "--feed-socket", view[0],
+    sidecar = _start(procs, "sidecar", ["-m", "region_agent.health.sidecar", "--region", REGION,
+                                        "--feed-socket", view[0],
                                         "--listen", "127.0.0.1", "--port", str(port), "--operator-port", "0",
                                         "--log-level", "warning"], 0)
     return [sidecar, agent], "/readyz"

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Foreign, Results, add_arguments
 
-from agent.kube.settings import WatchSettings
+from region_agent.kube.settings import WatchSettings
 
 PROJECT_LABEL = "region-agent.io/project"  # the default copy label (KubeSettings)
 
@@ -52,7 +52,7 @@ def rss_mb() -> float:
 
 def serve(count: int, padding: int, urls: Queue[str], stop: multiprocessing.synchronize.Event) -> None:
     """The fake apiserver process (imported here so the measured process never loads it)."""
-    from agent.kube.resources import KNATIVE_SERVICES
+    from region_agent.kube.resources import KNATIVE_SERVICES
     from tests.fakes.kube_api import FakeKubeApi
     from tests.fakes.kube_objects import knative_service
 
@@ -77,9 +77,9 @@ async def measure(url: str, count: int, page_size: int) -> dict[str, Any]:
     from kubernetes_asyncio.client import ApiClient, Configuration
     from prometheus_client import CollectorRegistry
 
-    from agent.kube.models import KnativeService
-    from agent.kube.resources import KNATIVE_SERVICES
-    from agent.kube.watch import Informer
+    from region_agent.kube.models import KnativeService
+    from region_agent.kube.resources import KNATIVE_SERVICES
+    from region_agent.kube.watch import Informer
 
     gc.collect()
     before = rss_mb()

@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Results, add_arguments
 from prometheus_client import CollectorRegistry
 
-from agent.state.hlc import HybridClock
-from agent.state.store import Store
-from agent.zonefile import ZoneFileWatcher
-from globaldns.service import ZoneService
-from globaldns.settings import DnsSettings
+from region_agent.globaldns.service import ZoneService
+from region_agent.globaldns.settings import DnsSettings
+from region_agent.state.hlc import HybridClock
+from region_agent.state.store import Store
+from region_agent.zonefile.watcher import ZoneFileWatcher
 
 REGIONS = ("sfo1", "ams1", "nrt1", "iad1")
 ZONE = "g.example.com"
@@ -183,7 +183,7 @@ async def bench(args: argparse.Namespace, out: Results) -> list[dict[str, Any]]:
     await zone.start()
     port = int(zone.server.bound[0][1])
     await zone.compiled()
-    gc.freeze()  # as the agent does after start-up (agent/supervisor.py)
+    gc.freeze()  # as the agent does after start-up (region_agent/app/supervisor.py)
     task = asyncio.get_running_loop().create_task(watcher.run())
     results = []
     try:

@@ -147,7 +147,7 @@ def scrape(port: int, scrapers: int, duration: float) -> dict[str, Any]:
 def copies(port: int) -> None:
     """Every project's copy in both regions: ``ok`` to any request, with a backlog for the checks' bursts.
 
-    (``agent/fake_copy.py`` logs every check to a file and keeps asyncio's backlog of
+    (``region_agent/demo/fake_copy.py`` logs every check to a file and keeps asyncio's backlog of
     100: thousands of checks starting together overflow it and time out.)
     """
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"

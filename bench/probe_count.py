@@ -2,7 +2,7 @@
 (issue 10: cluster probe traffic grows with regions², not projects).
 
 Five regions (``sfo1 ams1 fra1 nrt1 syd1``), one ingress address each: fake copies
-(:class:`agent.fake_copy.HealthEndpoint`, in this process, recording every request) on
+(:class:`region_agent.demo.fake_copy.HealthEndpoint`, in this process, recording every request) on
 127.0.0.41-45 sharing one port. N projects (``p00000`` ...), each in all five regions. Every
 request that arrives at a fake is counted, by path: ``/global-health/<slug>`` is a copy check,
 ``/livez`` an ingress probe.
@@ -61,8 +61,8 @@ for _path in (str(REPO), str(BENCH)):
 import aiohttp  # noqa: E402
 from common import Results, add_arguments  # noqa: E402
 
-from agent.fake_copy import INGRESS_PATH, PATH_PREFIX, HealthEndpoint  # noqa: E402
-from agent.gossip.keyring import generate_key  # noqa: E402
+from region_agent.demo.fake_copy import INGRESS_PATH, PATH_PREFIX, HealthEndpoint  # noqa: E402
+from region_agent.gossip.keyring import generate_key  # noqa: E402
 from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, env_without_drain, write_keyring, zone_text  # noqa: E402
 from tests.fakes.ports import free_port  # noqa: E402
 
@@ -152,7 +152,7 @@ async def wait_until(what: str, check: Any, timeout: float, procs: Sequence[subp
 def launch(config: Path, log: Path) -> subprocess.Popen[bytes]:
     """``region-agent run --config`` as a child process (stopped by PID in :func:`stop`)."""
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], stdout=out,
+        return subprocess.Popen([sys.executable, "-m", "region_agent", "run", "--config", str(config)], stdout=out,
                                 stderr=subprocess.STDOUT, cwd=REPO, env=env_without_drain())
 
 

@@ -18,7 +18,7 @@ whole order) and sample, two tables:
 
 * **agree**: ``ProximityMap.choose`` equals the brute-force closest candidate (for ``rank``: the
   brute-force order), located with ``maxminddb``'s C reader and measured by great-circle
-  distance (atan2 of unit vectors): no code shared with ``globaldns.geoip``. Must be 100 %.
+  distance (atan2 of unit vectors): no code shared with ``region_agent.globaldns.geoip.proximity``. Must be 100 %.
   ``flat`` is the agreement of a flat-degree choice (Euclidean distance on latitude and
   longitude, no wrap, as the issue describes PowerDNS 4.7) with the great circle, for contrast.
 * **scope**: the scope prefix lengths returned for the /24 (/48) sources: median, p10, p90,
@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Results, add_arguments
 
-from globaldns.geoip import GeoDatabase, ProximityMap, Site
+from region_agent.globaldns.geoip.proximity import GeoDatabase, ProximityMap, Site
 
 SITES = (
     Site("sfo1", 37.6213, -122.3790),
@@ -83,7 +83,7 @@ SCENARIOS = (  # (name, healthy sites, whole order instead of the closest only)
 Address = IPv4Address | IPv6Address
 
 
-# -- brute force, sharing nothing with globaldns.geoip -----------------------------------------
+# -- brute force, sharing nothing with region_agent.globaldns.geoip.proximity -----------------------------------------
 
 
 def great_circle(lat1: float, lon1: float, lat2: float, lon2: float) -> float:

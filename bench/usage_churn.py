@@ -90,9 +90,9 @@ class ScaledClock:
 def churn_process(args: argparse.Namespace, starts: Queue[float], urls: Queue[Any], results: Queue[Any],
                   stop: multiprocessing.synchronize.Event) -> None:
     """The fake apiserver and the pods' lifecycles (imported here: the agent process never loads them)."""
-    from agent.kube.resources import PODS
-    from tests.agent.usage.factory import down, pod, up
+    from region_agent.kube.resources import PODS
     from tests.fakes.kube_api import FakeKubeApi
+    from tests.usage.factory import down, pod, up
 
     padding = {"managedFields": [{"manager": "kubelet", "operation": "Update",
                                   "fieldsV1": {"f:status": {"f:x": "y" * 3500}}}]}
@@ -189,10 +189,10 @@ async def agent(args: argparse.Namespace, start: float, kube_url: str, plane_url
     from kubernetes_asyncio.client import ApiClient, Configuration
     from prometheus_client import CollectorRegistry
 
-    from agent.kube.resources import PODS
-    from agent.kube.settings import WatchSettings
-    from agent.kube.watch import Informer
-    from agent.usage import MeteredPod, UsageService, UsageSettings, pod_converter, pod_selectors
+    from region_agent.kube.resources import PODS
+    from region_agent.kube.settings import WatchSettings
+    from region_agent.kube.watch import Informer
+    from region_agent.usage import MeteredPod, UsageService, UsageSettings, pod_converter, pod_selectors
     from tests.conftest import wait_for
 
     clock = ScaledClock(start, args.speed)
@@ -299,7 +299,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         got = sorted([urls.get(timeout=30), urls.get(timeout=30)], key=lambda u: "/v1/usage" in u)
         kube_url, plane_url = got
-        for module in ("kubernetes_asyncio.client", "agent.usage", "agent.kube.watch"):  # before the clock starts
+        # imported before the clock starts
+        for module in ("kubernetes_asyncio.client", "region_agent.usage", "region_agent.kube.watch"):
             importlib.import_module(module)
         # every process maps time from this instant; the agent lists and starts meanwhile
         start = time.time() + (1.0 if args.smoke else 2.0)
@@ -308,7 +309,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
             coro = agent(args, start, kube_url, plane_url, spool_dir, churn_results)
             assert kube.pid is not None and plane.pid is not None
             with Foreign([kube.pid, plane.pid]) as foreign:  # other people's load meanwhile
-                if args.loop == "uvloop":  # what `region-agent run` uses (agent/cli.py)
+                if args.loop == "uvloop":  # what `region-agent run` uses (region_agent/cli/main.py)
                     import uvloop
                     result = uvloop.run(coro)
                 else:

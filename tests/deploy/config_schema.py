@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.base.names import REGION_PATTERN
-from agent.settings import AgentSettings
+from region_agent.app.settings import AgentSettings
+from region_agent.base.names import REGION_PATTERN
 
 SCHEMA = Path(__file__).resolve().parents[2] / "helm" / "region-agent" / "values.schema.json"
 ZONE_PATTERN = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}\.?$"
@@ -42,7 +42,7 @@ def config_schema() -> dict[str, Any]:
     raw = AgentSettings.model_json_schema(mode="validation")
     schema: dict[str, Any] = _inline(raw, raw.get("$defs", {}))
     schema.pop("description", None)
-    schema["description"] = "The agent's settings, mirrored into agent.yaml (agent.settings.AgentSettings)."
+    schema["description"] = "The agent's settings, mirrored into agent.yaml (region_agent.app.settings.AgentSettings)."
     props = schema["properties"]
     props["region"] = {**props["region"], "pattern": REGION_PATTERN.pattern}
     props["dns"]["properties"]["zone"] = {**props["dns"]["properties"]["zone"], "pattern": ZONE_PATTERN}

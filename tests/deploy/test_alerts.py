@@ -14,8 +14,8 @@ import dns.rcode
 import pytest
 import yaml
 
-from agent.settings import AgentSettings
-from agent.supervisor import Agent
+from region_agent.app.settings import AgentSettings
+from region_agent.app.supervisor import Agent
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_every_alert_has_a_unit_test_that_expects_it_to_fire() -> None:
 def _source_metric_names() -> set[str]:
     """Every metric name the agent's code defines, with the suffixes Prometheus exposes."""
     names: set[str] = set()
-    for path in [*ROOT.glob("agent/**/*.py"), *ROOT.glob("globaldns/*.py"), *ROOT.glob("health/*.py")]:
+    for path in ROOT.glob("region_agent/**/*.py"):
         text = path.read_text()
         names.update(re.findall(r'"(region_agent_[a-z_]+[a-z])"', text))
         # the usage metrics are built as p + "name" with p = "region_agent_usage_"

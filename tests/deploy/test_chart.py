@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from agent.settings import AgentSettings
+from region_agent.app.settings import AgentSettings
 from tests.deploy.config_schema import config_schema
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "region-agent"

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from agent.settings import load_settings
+from region_agent.app.settings import load_settings
 from tests.deploy.gotemplate import Chart, TemplateFailError
 from tests.deploy.test_chart import CHART, SCHEMA, _installed
 

@@ -57,7 +57,7 @@ health: {{listen_addresses: [127.0.0.1], port: {self.http_port}, operator_port: 
 """)
         env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
         with (self.home / "agent.log").open("ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config",
+            self.process = subprocess.Popen([sys.executable, "-m", "region_agent", "run", "--config",
                                              str(self.home / "agent.yaml")], env=env, cwd=ROOT, stdout=log,
                                             stderr=subprocess.STDOUT)
 

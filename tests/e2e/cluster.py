@@ -23,7 +23,7 @@ import dns.asyncquery
 import dns.message
 import dns.rdatatype
 
-from agent.fake_copy import HealthEndpoint
+from region_agent.demo.fake_copy import HealthEndpoint
 from tests.fakes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ class Agent:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(self.config)],
+            self.process = subprocess.Popen([sys.executable, "-m", "region_agent", "run", "--config", str(self.config)],
                                             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env_without_drain())
 
     def kill(self) -> None:

@@ -22,7 +22,7 @@ import dns.tsigkeyring
 import dns.update
 import pytest
 
-from agent.gossip.keyring import generate_key
+from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
 from tests.e2e.cluster import APEX, Agent, gather_answers
 from tests.e2e.fleet import Fleet, Tsig, copy_address

@@ -29,7 +29,7 @@ dns: {{zone: g.example.com, listen_addresses: [{listen}], port: {port}}}
 health: {{listen_addresses: [127.0.0.1], port: {http_port}}}
 """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGION_AGENT_")}
-    return subprocess.run([sys.executable, "-m", "agent", "run", "--config", str(config)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "region_agent", "run", "--config", str(config)], capture_output=True,
                           text=True, timeout=30, env=env, check=False, cwd=REPO)
 
 

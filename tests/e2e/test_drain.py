@@ -45,7 +45,7 @@ health: {{listen_addresses: [127.0.0.1], port: {http_port}, operator_port: {oper
     env.update(extra_env or {})
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], env=env,
+        process = subprocess.Popen([sys.executable, "-m", "region_agent", "run", "--config", str(config)], env=env,
                                    stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     return process, dns_port, http_port, log
 
@@ -131,8 +131,9 @@ async def test_the_health_sidecar_reports_the_drain(tmp_path: Path) -> None:
                 "REGION_AGENT_HEALTH__PORT": str(sidecar_port),
                 "REGION_AGENT_HEALTH__SIDECAR_OPERATOR_PORT": str(free_port())})
     with (tmp_path / "sidecar.log").open("wb") as out:
-        sidecar = subprocess.Popen([sys.executable, "-m", "agent", "health", "--config", str(tmp_path / "agent.yaml")],
-                                   env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        sidecar = subprocess.Popen([sys.executable, "-m", "region_agent", "health", "--config",
+                                    str(tmp_path / "agent.yaml")], env=env, cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT)
     try:
         await wait_for(lambda: _ready(sidecar_port), timeout=15, message="sidecar /readyz 200")
         process.send_signal(signal.SIGTERM)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.gossip.keyring import generate_key
+from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
 from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, gather_answers, write_keyring, zone_text
 
@@ -175,7 +175,7 @@ def _keys(path: Path) -> list[bytes]:
 async def test_tls_cluster_spreads_changes_and_rejects_a_foreign_certificate(tmp_path: Path) -> None:
     """Streams (joins, member push-pulls, anti-entropy) under mutual TLS with the cluster CA made by
     ``region-agent keys``; an agent whose certificate comes from another CA can not join."""
-    from agent.keys import init_dir, issue_to_dir
+    from region_agent.cli.keys import init_dir, issue_to_dir
 
     init_dir(tmp_path / "ca")
     init_dir(tmp_path / "rogue-ca")
@@ -252,7 +252,7 @@ async def test_a_project_created_through_the_control_api_is_answered_by_all(tmp_
                        message="the API's project answered by every agent")
         await wait_for(lambda: _one_serial(c.agents), timeout=10, message="one serial")
 
-        cli = [sys.executable, "-m", "agent"]
+        cli = [sys.executable, "-m", "region_agent"]
         url = f"http://{first.host}:{first.operator_port}"
         members = subprocess.run([*cli, "members", "--url", url, "--token-file", str(token)], capture_output=True,
                                  text=True, timeout=30, check=False)

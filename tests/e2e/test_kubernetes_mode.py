@@ -16,10 +16,10 @@ import dns.message
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from agent.fake_copy import HealthEndpoint
-from agent.kube.resources import KNATIVE_SERVICES, PODS
-from agent.settings import AgentSettings
-from agent.supervisor import Agent
+from region_agent.app.settings import AgentSettings
+from region_agent.app.supervisor import Agent
+from region_agent.demo.fake_copy import HealthEndpoint
+from region_agent.kube.resources import KNATIVE_SERVICES, PODS
 from tests.conftest import wait_for
 from tests.fakes.control_plane import FakeControlPlane
 from tests.fakes.kube_api import FakeKubeApi

@@ -44,9 +44,9 @@ import aiohttp
 import dns.rcode
 import pytest
 
-from agent.fake_copy import MAX_HEADER, HealthEndpoint
-from agent.gossip.config import lan
-from agent.gossip.keyring import generate_key
+from region_agent.demo.fake_copy import MAX_HEADER, HealthEndpoint
+from region_agent.gossip.config import lan
+from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
 from tests.e2e.cluster import APEX, ROOT, Agent, env_without_drain, write_keyring
 from tests.e2e.netns import Namespace, Network, unavailable
@@ -60,7 +60,7 @@ SHOP = f"shop.{APEX}"
 TOKEN = "partition-test-token"
 DNS_PORT, HTTP_PORT, OPERATOR_PORT, GOSSIP_PORT, COPY_PORT = 53, 8086, 8087, 7946, 8080
 OBSERVE_INTERVAL, INGRESS_INTERVAL, INGRESS_TIMEOUT, OBSERVATION_MAX_AGE = 0.5, 1.0, 0.5, 5.0
-VERDICT_TICK = 1.0   # agent.cluster.answers.TICK: verdicts are recomputed at least this often
+VERDICT_TICK = 1.0   # region_agent.cluster.answers.TICK: verdicts are recomputed at least this often
 
 _G = lan()
 # Longest a suspicion of a silent member lasts with three members (Lifeguard starts at the maximum
@@ -99,7 +99,7 @@ class NsAgent(Agent):
         assert self.ns is not None
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                self.ns.argv(sys.executable, "-m", "agent", "run", "--config", str(self.config)),
+                self.ns.argv(sys.executable, "-m", "region_agent", "run", "--config", str(self.config)),
                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env_without_drain())
 
     def log_size(self) -> int:

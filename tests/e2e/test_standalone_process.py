@@ -16,7 +16,7 @@ import dns.asyncquery
 import dns.message
 import pytest
 
-from agent.fake_copy import HealthEndpoint
+from region_agent.demo.fake_copy import HealthEndpoint
 from tests.conftest import wait_for
 from tests.fakes.ports import free_port
 
@@ -62,7 +62,7 @@ health: {{listen_addresses: [127.0.0.1], port: {http_port}, operator_port: {oper
 """)
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], stdout=out,
+        process = subprocess.Popen([sys.executable, "-m", "region_agent", "run", "--config", str(config)], stdout=out,
                                    stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
     try:
         yield Running(process, dns_port, http_port, zone, copies, log, operator_port)
@@ -118,7 +118,7 @@ async def test_serves_fails_over_reloads_and_stops(agent: Running) -> None:
                           message="new project")
 
     cli = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", "zone", "--url", f"http://127.0.0.1:{agent.operator_port}",
+        sys.executable, "-m", "region_agent", "zone", "--url", f"http://127.0.0.1:{agent.operator_port}",
         stdout=asyncio.subprocess.PIPE)
     out, _ = await cli.communicate()
     text = out.decode()
@@ -151,7 +151,7 @@ async def _metric_at_least(agent: Running, name: str, value: float) -> bool:
     ({}, ["--zone-file", "/nonexistent.yaml"], "/nonexistent.yaml"),
 ])
 def test_bad_settings_stop_start_up_with_the_field_named(env: dict[str, str], args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "agent", "run", *args], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "region_agent", "run", *args], capture_output=True, text=True,
                             timeout=30, env={**os.environ, **env}, check=False,
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 2
@@ -175,9 +175,9 @@ async def test_region_agent_health_runs_the_sidecar_fed_by_the_agent(agent: Runn
     config = tmp_path / "agent.yaml"
     root = Path(__file__).resolve().parents[2]
     with (tmp_path / "fed.log").open("wb") as fed_log, (tmp_path / "sidecar.log").open("wb") as sidecar_log:
-        fed = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)], env=env, cwd=root,
-                               stdout=fed_log, stderr=subprocess.STDOUT)
-        sidecar = subprocess.Popen([sys.executable, "-m", "agent", "health", "--config", str(config)], env=env,
+        fed = subprocess.Popen([sys.executable, "-m", "region_agent", "run", "--config", str(config)], env=env,
+                               cwd=root, stdout=fed_log, stderr=subprocess.STDOUT)
+        sidecar = subprocess.Popen([sys.executable, "-m", "region_agent", "health", "--config", str(config)], env=env,
                                    cwd=root, stdout=sidecar_log, stderr=subprocess.STDOUT)
     side = Running(sidecar, agent.dns_port, sidecar_port, agent.zone, agent.copies, agent.log)
     try:

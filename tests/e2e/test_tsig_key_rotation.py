@@ -20,8 +20,8 @@ import dns.tsigkeyring
 import dns.update
 import pytest
 
-from agent.settings import AgentSettings
-from agent.supervisor import Agent
+from region_agent.app.settings import AgentSettings
+from region_agent.app.supervisor import Agent
 from tests.conftest import wait_for
 
 ZONE = "g.example.com"

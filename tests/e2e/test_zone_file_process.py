@@ -33,8 +33,8 @@ def test_a_bad_zone_file_at_start_is_one_line_and_exit_2(tmp_path: Path, command
     zone = tmp_path / "zone.yaml"
     zone.write_bytes(content)
     env = {**os.environ, "REGION_AGENT_DNS__PORT": "0", "REGION_AGENT_HEALTH__PORT": "0"}
-    result = subprocess.run([sys.executable, "-m", "agent", command, "--zone-file", str(zone)], capture_output=True,
-                            text=True, timeout=60, env=env, check=False, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-m", "region_agent", command, "--zone-file", str(zone)],
+                            capture_output=True, text=True, timeout=60, env=env, check=False, cwd=ROOT)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert message in result.stderr and str(zone) in result.stderr

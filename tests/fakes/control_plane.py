@@ -1,6 +1,6 @@
 """A fake control-plane usage endpoint (aiohttp on loopback) that can misbehave on purpose.
 
-It implements the contract in ``agent/usage/README.md`` independently of the agent's code: it
+It implements the contract in ``region_agent/usage/README.md`` independently of the agent's code: it
 checks the bearer token and the batch shape, recomputes every record's idempotency key from its
 fields, stores each key once, and answers 200 only after storing. What tests read afterwards:
 ``records`` (key → record, first copy), ``conflicts`` (a key seen again with other content —

@@ -25,7 +25,7 @@ Everything that goes wrong in real clusters is one method call::
     fake.requests                                # every request: (path, query dict)
     await fake.close()
 
-Resources are addressed by ``agent.kube.resources.ResourceRef`` (or its ``label`` string such
+Resources are addressed by ``region_agent.kube.resources.ResourceRef`` (or its ``label`` string such
 as ``"pods"``, ``"services.serving.knative.dev"``). Resource versions are decimal strings here;
 the server may compare them, clients must not.
 """
@@ -45,7 +45,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES, PODS, ResourceRef
+from region_agent.kube.resources import CNPG_CLUSTERS, KNATIVE_SERVICES, PODS, ResourceRef
 
 Obj = dict[str, Any]
 

@@ -2,7 +2,7 @@
 
 It builds the binary search tree from inserted networks, a data section and the metadata map,
 and packs records of 24, 28 or 32 bits. Proof that what it writes is valid: the ``maxminddb``
-reader opens it and answers the inserted records (``tests/globaldns/test_geoip.py``).
+reader opens it and answers the inserted records (``tests/globaldns/geoip/test_proximity.py``).
 
 Semantics of :meth:`MmdbWriter.insert`: a later insertion wins over earlier ones for the addresses
 it covers (a more specific network inserted after a wider one splits it; a wider one inserted

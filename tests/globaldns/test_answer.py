@@ -10,12 +10,12 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 
-from agent.state.hlc import HybridClock
-from agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region
-from agent.state.store import Entry, Store, Version
-from globaldns.answer import answer
-from globaldns.compiler import ZoneConfig, _empty_nonterminals, compile_zone
-from globaldns.wire import name_from_text, parse_query
+from region_agent.globaldns.answer import answer
+from region_agent.globaldns.compiler import ZoneConfig, _empty_nonterminals, compile_zone
+from region_agent.globaldns.wire import name_from_text, parse_query
+from region_agent.state.hlc import HybridClock
+from region_agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region
+from region_agent.state.store import Entry, Store, Version
 from tests.globaldns.zones import (
     ALL,
     ZONE,

@@ -7,13 +7,13 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from agent.state.hlc import HybridClock
-from agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region, copy_key, project_key, region_key
-from agent.state.store import Store
-from globaldns.compiler import ZoneConfig, compile_zone
-from globaldns.service import ZoneService
-from globaldns.settings import DnsSettings
-from globaldns.tables import ZoneTables
+from region_agent.globaldns.compiler import ZoneConfig, compile_zone
+from region_agent.globaldns.service import ZoneService
+from region_agent.globaldns.settings import DnsSettings
+from region_agent.globaldns.tables import ZoneTables
+from region_agent.state.hlc import HybridClock
+from region_agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region, copy_key, project_key, region_key
+from region_agent.state.store import Store
 
 REGIONS = ("sfo1", "ams1", "nrt1", "iad1")
 CONFIG = ZoneConfig("g.example.com")

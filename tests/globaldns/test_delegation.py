@@ -9,11 +9,10 @@ from typing import Any
 import dns.zone
 import pytest
 
-from agent.cli import main
-from agent.settings import AgentSettings
-from agent.state.model import Region
-from agent.supervisor import Agent
-from globaldns.delegation import (
+from region_agent.app.settings import AgentSettings
+from region_agent.app.supervisor import Agent
+from region_agent.cli.main import main
+from region_agent.globaldns.delegation import (
     DelegationState,
     NameServer,
     delegation_lines,
@@ -22,6 +21,7 @@ from globaldns.delegation import (
     name_servers,
     name_servers_from_zone_document,
 )
+from region_agent.state.model import Region
 
 REGIONS = [
     Region("sfo1", ipv4=("203.0.113.10",), ns_ipv4=("203.0.113.53",), ns_ipv6=("2001:db8::53",)),

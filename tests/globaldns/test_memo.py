@@ -15,11 +15,11 @@ import dns.rdatatype
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from globaldns.answer import Responder, ResponderLimits, answer, render
-from globaldns.memo import Entry, ResponseMemo, memo_key, memoisable
-from globaldns.metrics import DnsCounters
-from globaldns.tables import Reply, ZoneHolder, ZoneTables
-from globaldns.wire import BADVERS, TC, Query, header, opt_record, parse_query, response_flags
+from region_agent.globaldns.answer import Responder, ResponderLimits, answer, render
+from region_agent.globaldns.memo import Entry, ResponseMemo, memo_key, memoisable
+from region_agent.globaldns.metrics import DnsCounters
+from region_agent.globaldns.tables import Reply, ZoneHolder, ZoneTables
+from region_agent.globaldns.wire import BADVERS, TC, Query, header, opt_record, parse_query, response_flags
 from tests.globaldns.zones import ALL, ZONE, PrefixLocator, ha, proximity, tables_for, up
 
 LOCATOR = PrefixLocator({"198.51.100.0/24": (["ams1", "sfo1"], 24), "203.0.113.0/24": (["nrt1"], 24)})

@@ -3,7 +3,7 @@
 One PowerDNS Authoritative 4.7 (bind backend, ``enable-lua-records=shared``,
 ``lua-health-checks-interval=1``) and one ``python -m agent run`` (standalone zone file,
 ``checks.interval`` 1 s) are started side by side on free loopback ports. Both check the same
-fake copies (:mod:`agent.fake_copy`) on 127.0.0.11-14 at one free port:
+fake copies (:mod:`region_agent.demo.fake_copy`) on 127.0.0.11-14 at one free port:
 
 =========  ==================  ==========================================================
 project    agent zone file     PowerDNS record (``selector='all', backupSelector='all'``)

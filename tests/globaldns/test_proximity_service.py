@@ -12,9 +12,9 @@ import dns.message
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.state.model import CopyHealth, copy_key, project_key
-from globaldns.service import ZoneService
-from globaldns.settings import DnsSettings
+from region_agent.globaldns.service import ZoneService
+from region_agent.globaldns.settings import DnsSettings
+from region_agent.state.model import CopyHealth, copy_key, project_key
 from tests.conftest import wait_for
 from tests.fakes.mmdb_writer import MmdbWriter, city_record
 from tests.globaldns.zones import ALL, proximity, store_with, up

@@ -2,7 +2,7 @@
 
 Servers: an in-process region-agent (UDP and TCP), a UDP-only fake (an asyncio datagram server
 answering SOA, no TCP listener), and PowerDNS (bind backend) as a stub parent zone holding the
-delegation records :mod:`globaldns.delegation` prints (marked ``external``).
+delegation records :mod:`region_agent.globaldns.delegation` prints (marked ``external``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from agent.settings import AgentSettings
-from agent.state.model import Region
-from agent.supervisor import Agent
-from globaldns.delegation import DelegationState, delegation_lines, expected_ns_names, name_servers
-from globaldns.reachability import (
+from region_agent.app.settings import AgentSettings
+from region_agent.app.supervisor import Agent
+from region_agent.globaldns.delegation import DelegationState, delegation_lines, expected_ns_names, name_servers
+from region_agent.globaldns.reachability import (
     ReachabilityMonitor,
     ReachabilitySettings,
     TransportResult,
@@ -35,6 +34,7 @@ from globaldns.reachability import (
     check_reachability,
     parse_endpoint,
 )
+from region_agent.state.model import Region
 from tests.conftest import wait_for
 from tests.fakes.ports import free_port
 

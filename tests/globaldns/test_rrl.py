@@ -11,14 +11,14 @@ import dns.message
 import dns.rcode
 import pytest
 
-from agent.state.model import AllDownPolicy
-from globaldns.answer import Responder
-from globaldns.metrics import DnsCollector, DnsCounters
-from globaldns.rrl import DROP, ERROR, NXDOMAIN, PASS, RESPONSE, SLIP, RateLimiter, RrlConfig
-from globaldns.server import DnsServer
-from globaldns.service import rate_limiter
-from globaldns.settings import RrlSettings
-from globaldns.tables import ZoneHolder
+from region_agent.globaldns.answer import Responder
+from region_agent.globaldns.metrics import DnsCollector, DnsCounters
+from region_agent.globaldns.rrl import DROP, ERROR, NXDOMAIN, PASS, RESPONSE, SLIP, RateLimiter, RrlConfig
+from region_agent.globaldns.server import DnsServer
+from region_agent.globaldns.service import rate_limiter
+from region_agent.globaldns.settings import RrlSettings
+from region_agent.globaldns.tables import ZoneHolder
+from region_agent.state.model import AllDownPolicy
 from tests.conftest import wait_for
 from tests.globaldns.zones import ALL, ZONE, down, ha, tables_for, up
 

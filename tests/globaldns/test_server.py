@@ -16,12 +16,12 @@ import dns.rcode
 import dns.rrset
 import pytest
 
-from agent.state.model import CopyHealth, Mode, Project, Region
-from globaldns.answer import Responder
-from globaldns.compiler import ZoneConfig, compile_zone
-from globaldns.metrics import DnsCounters
-from globaldns.server import BindError, DnsServer, TcpLimits
-from globaldns.tables import ZoneHolder
+from region_agent.globaldns.answer import Responder
+from region_agent.globaldns.compiler import ZoneConfig, compile_zone
+from region_agent.globaldns.metrics import DnsCounters
+from region_agent.globaldns.server import BindError, DnsServer, TcpLimits
+from region_agent.globaldns.tables import ZoneHolder
+from region_agent.state.model import CopyHealth, Mode, Project, Region
 from tests.conftest import wait_for
 from tests.globaldns.zones import ALL, ZONE, ha, store_with, up
 

@@ -9,14 +9,14 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-import globaldns.service
-from agent.base.gc_pause import gc_paused
-from agent.state.hlc import HybridClock
-from agent.state.model import Project, Region, project_key, region_key
-from agent.state.store import Store
-from globaldns.compiler import ZoneBuild, ZoneConfig, compile_zone
-from globaldns.service import ZoneService
-from globaldns.settings import DnsSettings
+from region_agent.base.gc_pause import gc_paused
+from region_agent.globaldns import service as zone_service
+from region_agent.globaldns.compiler import ZoneBuild, ZoneConfig, compile_zone
+from region_agent.globaldns.service import ZoneService
+from region_agent.globaldns.settings import DnsSettings
+from region_agent.state.hlc import HybridClock
+from region_agent.state.model import Project, Region, project_key, region_key
+from region_agent.state.store import Store
 from tests.globaldns.test_compiler import _canonical
 
 CONFIG = ZoneConfig("g.example.com")
@@ -43,7 +43,7 @@ def test_a_build_in_slices_equals_one_in_a_go() -> None:
 
 async def test_the_service_answers_the_previous_tables_until_the_sliced_compile_is_done(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(globaldns.service, "COMPILE_SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(zone_service, "COMPILE_SLICE_SECONDS", 0.0)
     store = _store(300)
     service = ZoneService(DnsSettings(zone="g.example.com", listen_addresses=("127.0.0.1",), port=0), store,
                           CollectorRegistry())

@@ -23,18 +23,18 @@ import dns.message
 import dns.rcode
 import pytest
 
-from agent.state.model import CopyHealth, Mode, Project, Region
-from globaldns.answer import Responder
-from globaldns.compiler import ZoneConfig, compile_zone
-from globaldns.metrics import DnsCounters
-from globaldns.server import DnsServer, TcpLimits, TcpProtocol, source_key
-from globaldns.tables import ZoneHolder, ZoneTables
+from region_agent.globaldns.answer import Responder
+from region_agent.globaldns.compiler import ZoneConfig, compile_zone
+from region_agent.globaldns.metrics import DnsCounters
+from region_agent.globaldns.server import DnsServer, TcpLimits, TcpProtocol, source_key
+from region_agent.globaldns.tables import ZoneHolder, ZoneTables
+from region_agent.state.model import CopyHealth, Mode, Project, Region
 from tests.conftest import wait_for
 from tests.globaldns.zones import ALL, ZONE, ha, store_with, up
 
 LIMITS = TcpLimits(idle_timeout=30.0, message_timeout=30.0, max_connections=8, max_per_source=4,
                    write_buffer=4096, max_in_flight=8)
-READ_CHUNK = 16 * 1024  # globaldns.server reads at most this much at a time
+READ_CHUNK = 16 * 1024  # region_agent.globaldns.server reads at most this much at a time
 
 RUNNERS: dict[str, Callable[[Coroutine[Any, Any, None]], None]] = {"asyncio": asyncio.run}
 try:

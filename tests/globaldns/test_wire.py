@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from globaldns.answer import Responder, ResponderLimits
-from globaldns.metrics import DnsCounters
-from globaldns.tables import ZoneHolder
-from globaldns.wire import FORMERR, NOTAUTH, NOTIMP, MessageError, parse_query
+from region_agent.globaldns.answer import Responder, ResponderLimits
+from region_agent.globaldns.metrics import DnsCounters
+from region_agent.globaldns.tables import ZoneHolder
+from region_agent.globaldns.wire import FORMERR, NOTAUTH, NOTIMP, MessageError, parse_query
 from tests.globaldns.zones import ALL, ZONE, ha, tables_for, up
 
 

@@ -9,13 +9,13 @@ import dns.edns
 import dns.message
 import dns.rdatatype
 
-from agent.state.hlc import HybridClock
-from agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region, copy_key, project_key, region_key
-from agent.state.store import Store
-from globaldns.answer import answer, max_response_size, render
-from globaldns.compiler import ZoneConfig, compile_zone
-from globaldns.tables import IPAddress, ZoneTables
-from globaldns.wire import parse_query
+from region_agent.globaldns.answer import answer, max_response_size, render
+from region_agent.globaldns.compiler import ZoneConfig, compile_zone
+from region_agent.globaldns.tables import IPAddress, ZoneTables
+from region_agent.globaldns.wire import parse_query
+from region_agent.state.hlc import HybridClock
+from region_agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region, copy_key, project_key, region_key
+from region_agent.state.store import Store
 
 ZONE = "g.example.com"
 REGIONS = {

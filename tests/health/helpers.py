@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 
-from agent.state.local import BindingStatus, CopyReason, CopyStatus, RegionView
+from region_agent.state.local import BindingStatus, CopyReason, CopyStatus, RegionView
 from tests.conftest import wait_for
 
 # tests.conftest.wait_for, typed loosely: its ``Callable[[], T | Awaitable[T]]`` parameter makes

@@ -53,7 +53,7 @@ def _lines(log: Path) -> list[dict[str, object]]:
 LAUNCH = (
     "import os, resource, sys\n"
     f"resource.setrlimit(resource.RLIMIT_NOFILE, ({NOFILE}, {NOFILE}))\n"
-    "os.execv(sys.executable, [sys.executable, '-m', 'agent', 'run', '--config', sys.argv[1]])\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'region_agent', 'run', '--config', sys.argv[1]])\n"
 )
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.base.clock import ManualClock
-from agent.base.tasks import cancel_and_wait
-from agent.state.local import CopyReason, RegionView
-from health.feed import FeedPublisher, FeedSubscriber
-from health.feed_protocol import encode_delta, encode_heartbeat, encode_snapshot
+from region_agent.base.clock import ManualClock
+from region_agent.base.tasks import cancel_and_wait
+from region_agent.health.feed import FeedPublisher, FeedSubscriber
+from region_agent.health.feed_protocol import encode_delta, encode_heartbeat, encode_snapshot
+from region_agent.state.local import CopyReason, RegionView
 from tests.conftest import wait_for
 from tests.health.helpers import copy, many_copies, view
 

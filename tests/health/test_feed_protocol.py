@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.state.local import BindingStatus, CopyReason, RegionView
-from health.feed_protocol import (
+from region_agent.health.feed_protocol import (
     Delta,
     FeedProtocolError,
     Heartbeat,
@@ -20,6 +19,7 @@ from health.feed_protocol import (
     encode_heartbeat,
     encode_snapshot,
 )
+from region_agent.state.local import BindingStatus, CopyReason, RegionView
 from tests.health.helpers import NOW, copy, many_copies, view
 
 FULL = view(

@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.base.clock import ManualClock
-from agent.base.logs import JsonFormatter
-from health.access_log import LOGGER_NAME
-from health.listener import HealthListener
-from health.request_ids import is_valid_request_id
-from health.settings import HealthSettings
-from health.source import ViewHolder
+from region_agent.base.clock import ManualClock
+from region_agent.base.logs import JsonFormatter
+from region_agent.health.access_log import LOGGER_NAME
+from region_agent.health.listener import HealthListener
+from region_agent.health.request_ids import is_valid_request_id
+from region_agent.health.settings import HealthSettings
+from region_agent.health.source import ViewHolder
 from tests.health.helpers import REGION, copy, view, wait_until
 
 SETTINGS = HealthSettings(listen_addresses=("127.0.0.1",), port=0, header_timeout_seconds=0.5,

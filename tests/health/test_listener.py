@@ -12,15 +12,15 @@ import pytest
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
-from agent.base.clock import ManualClock
-from agent.base.logs import JsonFormatter
-from agent.state.local import CopyReason, RegionView
-from health.access_log import LOGGER_NAME
-from health.listener import HealthListener, Role
-from health.metrics import ViewCollector
-from health.request_ids import is_valid_request_id
-from health.settings import HealthSettings
-from health.source import ViewHolder, ViewSource
+from region_agent.base.clock import ManualClock
+from region_agent.base.logs import JsonFormatter
+from region_agent.health.access_log import LOGGER_NAME
+from region_agent.health.listener import HealthListener, Role
+from region_agent.health.metrics import ViewCollector
+from region_agent.health.request_ids import is_valid_request_id
+from region_agent.health.settings import HealthSettings
+from region_agent.health.source import ViewHolder, ViewSource
+from region_agent.state.local import CopyReason, RegionView
 from tests.health.helpers import REGION, copy, many_copies, view
 
 LOOPBACK = HealthSettings(listen_addresses=("127.0.0.1",), port=0, operator_listen_addresses=("127.0.0.1",),

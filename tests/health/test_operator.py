@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.base.clock import ManualClock
-from agent.state.local import CopyReason
-from health.operator import BearerToken, Document, DocumentCache, TokenFileError
-from health.service import HealthService
-from health.settings import HealthSettings
+from region_agent.base.clock import ManualClock
+from region_agent.health.operator import BearerToken, Document, DocumentCache, TokenFileError
+from region_agent.health.service import HealthService
+from region_agent.health.settings import HealthSettings
+from region_agent.state.local import CopyReason
 from tests.health.helpers import copy, view
 
 SETTINGS = HealthSettings(listen_addresses=("127.0.0.1",), port=0, operator_port=0)
@@ -170,7 +170,7 @@ async def test_the_zone_is_rendered_once_per_generation(http: aiohttp.ClientSess
 
 
 async def test_documents_are_refused_on_the_public_listener() -> None:
-    from health.listener import HealthListener
+    from region_agent.health.listener import HealthListener
 
     with pytest.raises(ValueError, match="operator"):
         HealthListener(region="sfo1", source=lambda: None, settings=SETTINGS, registry=CollectorRegistry(),
@@ -180,7 +180,7 @@ async def test_documents_are_refused_on_the_public_listener() -> None:
 async def test_a_new_generation_reencodes_only_the_records_that_are_new_objects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from health import operator
+    from region_agent.health import operator
 
     records = [{"name": f"p{i}", "answers": {"A": ["127.0.0.1"]}} for i in range(100)]
     state: dict[str, Any] = {"generation": 1, "records": records}

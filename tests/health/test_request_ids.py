@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.base.names import InvalidNameError
-from health.request_ids import RequestIds, is_valid_request_id
+from region_agent.base.names import InvalidNameError
+from region_agent.health.request_ids import RequestIds, is_valid_request_id
 
 VALID = "req_lax1-1700000000000-0123456789ab"
 

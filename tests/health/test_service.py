@@ -8,11 +8,11 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from agent.base.tasks import cancel_and_wait
-from health.feed import FeedSubscriber
-from health.operator import Document
-from health.service import HealthService
-from health.settings import HealthMode, HealthSettings
+from region_agent.base.tasks import cancel_and_wait
+from region_agent.health.feed import FeedSubscriber
+from region_agent.health.operator import Document
+from region_agent.health.service import HealthService
+from region_agent.health.settings import HealthMode, HealthSettings
 from tests.health.helpers import copy, view, wait_until
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from health.settings import HealthMode, HealthSettings
+from region_agent.health.settings import HealthMode, HealthSettings
 
 
 def test_defaults() -> None:

@@ -1,4 +1,4 @@
-"""The health sidecar as a REAL process (``python -m health.sidecar``) fed by a publisher here.
+"""The health sidecar as a REAL process (``python -m region_agent.health.sidecar``) fed by a publisher here.
 
 Short staleness bounds keep these fast; every wait is a condition with a deadline.
 """
@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.state.local import CopyReason
-from health.feed import FeedPublisher
+from region_agent.health.feed import FeedPublisher
+from region_agent.state.local import CopyReason
 from tests.fakes.ports import free_port
 from tests.health.helpers import copy, view, wait_until
 
@@ -77,7 +77,8 @@ async def start_sidecar(
         log = tmp_path / f"sidecar-{len(started)}.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "health.sidecar", "--region", "sfo1", "--feed-socket", str(socket_path),
+                sys.executable, "-m", "region_agent.health.sidecar", "--region", "sfo1",
+                "--feed-socket", str(socket_path),
                 "--listen", "127.0.0.1", "--port", str(port), "--operator-port", str(operator_port),
                 "--stale-after", str(bound),
                 "--heartbeat-interval", str(HEARTBEAT), "--reconnect-max", "0.1",

@@ -1,4 +1,4 @@
-"""health.views as pure tables: view + freshness + request → (status, body, headers)."""
+"""region_agent.health.views as pure tables: view + freshness + request → (status, body, headers)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.state.local import BindingStatus, CopyReason, CopyStatus, RegionView
-from health import views
-from health.views import IN_PROCESS, Freshness
+from region_agent.health import views
+from region_agent.health.views import IN_PROCESS, Freshness
+from region_agent.state.local import BindingStatus, CopyReason, CopyStatus, RegionView
 from tests.health.helpers import NOW, REGION, copy, view
 
 RID = "req_sfo1-1800000000000-0123456789ab"

@@ -8,24 +8,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agent", "globaldns", "health")
+PACKAGES = ("region_agent",)
 
-# module prefix → project modules it may import (besides itself)
-RULES: dict[str, tuple[str, ...]] = {
-    "agent.base": (),
-    "agent.state": ("agent.base",),
-    "globaldns": ("agent.base", "agent.state", "globaldns"),
-    "health": ("agent.base", "agent.state", "health"),
-    "agent.kube": ("agent.base", "agent.state", "agent.kube"),
-    "agent.usage": ("agent.base", "agent.state", "agent.kube", "agent.usage"),
-    "agent.checks": ("agent.base", "agent.state", "agent.checks"),
-    "agent.gossip": ("agent.base", "agent.gossip"),  # membership knows nothing of projects or the store
-    "agent.cluster.quorum": ("agent.base", "agent.gossip"),  # pure quorum rules over membership
+# component → components it may import (besides itself), all under region_agent.
+_SHORT: dict[str, tuple[str, ...]] = {
+    "base": (),
+    "state": ("base",),
+    "globaldns": ("base", "state", "globaldns"),
+    "health": ("base", "state", "health"),
+    "kube": ("base", "state", "kube"),
+    "usage": ("base", "state", "kube", "usage"),
+    "checks": ("base", "state", "checks"),
+    "gossip": ("base", "gossip"),  # membership knows nothing of projects or the store
+    "cluster.quorum": ("base", "gossip"),  # pure quorum rules over membership
     # the cluster's edges: observations gossiped, ingress probes, verdicts laid over the answers
-    "agent.cluster": ("agent.base", "agent.gossip", "agent.cluster", "agent.state", "agent.checks"),
-    "agent.control": ("agent.base", "agent.state", "agent.gossip", "agent.cluster", "agent.control", "globaldns",
-                      "health"),
+    "cluster": ("base", "gossip", "cluster", "state", "checks"),
+    "control": ("base", "state", "gossip", "cluster", "control", "globaldns", "health"),
 }
+RULES = {f"region_agent.{k}": tuple(f"region_agent.{m}" for m in v) for k, v in _SHORT.items()}
 
 
 def _modules() -> list[tuple[str, Path]]:
@@ -52,7 +52,7 @@ def test_layering(module: str, path: Path) -> None:
     rule = next((allowed for prefix, allowed in RULES.items() if module == prefix or module.startswith(prefix + ".")),
                 None)
     if rule is None:
-        return  # the wiring (agent.cli, agent.supervisor, agent.settings, ...) may import everything
+        return  # the wiring (region_agent.cli, region_agent.app, ...) may import everything
     own = module.rsplit(".", 1)[0] if "." in module else module
     for name in _imports(path):
         allowed = any(name == a or name.startswith(a + ".") for a in rule) or name.startswith(own)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prometheus_client.exposition import generate_latest
 
-from agent.settings import AgentSettings
-from agent.supervisor import Agent
+from region_agent.app.settings import AgentSettings
+from region_agent.app.supervisor import Agent
 
 
 async def test_metric_names_and_help(tmp_path: Path) -> None:

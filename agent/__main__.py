@@ -1,5 +1,0 @@
-import sys
-
-from agent.cli import main
-
-sys.exit(main())

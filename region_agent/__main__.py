@@ -1,0 +1,5 @@
+import sys
+
+from region_agent.cli.main import main
+
+sys.exit(main())

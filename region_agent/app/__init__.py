@@ -1,0 +1,1 @@
+"""The one place that imports every component: settings, the supervisor, the store-gossip adapter."""

@@ -1,0 +1,422 @@
+"""UDP and TCP listeners around a :class:`Responder`.
+
+UDP answers in the datagram callback: no task, no await, so a query costs one callback.
+
+TCP (RFC 7766) reads length-prefixed messages and answers them in arrival order (pipelined
+queries are allowed) with the length and message written together. What one connection can
+cost is bounded (RFC 7766 §6.2, RFC 9210 §4), each bound a :class:`TcpLimits` field:
+
+- memory: reads go through one shared 16 KiB buffer into the connection's own, and once the
+  answers the kernel has not yet taken exceed ``write_buffer`` bytes the connection is neither
+  read nor answered until they drain to a quarter of that (a client that never reads costs
+  about ``write_buffer`` plus one read, not a copy of everything it sent);
+- time on the loop: at most ``max_in_flight`` of its queries are answered in one go; the rest
+  wait, unread, for the next loop turn, so UDP and other connections get their turn;
+- a slot: ``idle_timeout`` after its last *complete* message (the bytes of an unfinished one
+  do not count, so a trickle can not keep it open), or ``message_timeout`` after the first
+  byte of a message that is still incomplete, the connection is closed; one source (an IPv4
+  address or an IPv6 /64) may hold ``max_per_source`` connections, and when all
+  ``max_connections`` are taken the longest-idle one is closed for the newcomer (as Knot and
+  NSD do) rather than the newcomer refused.
+
+A message the server will not answer ends the connection, since the framing can not be
+trusted any more, but only after the answers to the messages before it have been written.
+Every refusal and close is counted by reason in :class:`DnsCounters`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import logging
+import socket
+import struct
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import cast
+
+from region_agent.globaldns.answer import Responder
+
+logger = logging.getLogger("region_agent.dns")
+_LENGTH = struct.Struct("!H")
+_READ_CHUNK = 16 * 1024  # one read; also the most unanswered bytes a paused connection holds, beyond one message
+
+
+@dataclass
+class TcpLimits:
+    idle_timeout: float = 10.0
+    message_timeout: float = 3.0
+    max_connections: int = 512
+    max_per_source: int = 16
+    write_buffer: int = 16 * 1024
+    max_in_flight: int = 32
+
+
+_BIND_REASONS = {
+    errno.EADDRINUSE: "address already in use (another process holds this port)",
+    errno.EADDRNOTAVAIL: "address not available on this host",
+    errno.EACCES: "permission denied (ports below 1024 need CAP_NET_BIND_SERVICE)",
+}
+
+
+class BindError(OSError):
+    """A listening address the DNS server could not bind: a start-up error naming the setting."""
+
+    def __init__(self, host: str, port: int, transport: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror)
+        address_problem = error.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+        self.setting = "dns.listen_addresses" if address_problem else "dns.port"
+        self.address = f"{host} port {port}/{transport}"
+        self.reason = _BIND_REASONS.get(error.errno or 0, error.strerror or str(error))
+
+    def __str__(self) -> str:
+        return f"{self.setting}: can not listen on {self.address}: {self.reason}"
+
+
+def source_key(address: str) -> str:
+    """Whose share a connection counts against: the IPv4 address, or the IPv6 /64."""
+    if ":" not in address:
+        return address
+    try:
+        return str(ipaddress.IPv6Network((address.partition("%")[0], 64), strict=False))
+    except ValueError:
+        return address
+
+
+class UdpProtocol(asyncio.DatagramProtocol):
+    def __init__(self, responder: Responder) -> None:
+        self.respond = responder.respond
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        try:
+            out = self.respond(data, str(addr[0]), tcp=False)
+        except Exception:  # a bug must cost one query, never the listener
+            logger.exception("error answering a UDP query")
+            return
+        if out is not None and self.transport is not None:
+            self.transport.sendto(out, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        logger.debug("UDP error: %s", exc)
+
+
+class TcpProtocol(asyncio.BufferedProtocol):
+    def __init__(self, server: DnsServer) -> None:
+        self.server = server
+        self.limits = server.tcp
+        self.loop = asyncio.get_running_loop()
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.source = ""
+        self.last_message = 0.0  # loop time of the last complete message (or of the accept)
+        self.message_started: float | None = None  # first byte of a message still arriving
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # when the timer fires (uvloop's TimerHandle.when() is rounded to its clock)
+        self.continuation: asyncio.Handle | None = None  # the next batch of queries, next loop turn
+        self.writing_paused = False
+        self.reading = True
+        self.eof = False
+        self.ended: str | None = None  # why the server ended it, once it has
+
+    # --- transport callbacks ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = self.transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if peer else ""
+        self.source = source_key(self.peer)
+        if not self.server.admit(self):
+            self.ended = "refused"
+            self.transport.close()
+            return
+        high = self.limits.write_buffer
+        self.transport.set_write_buffer_limits(high=high, low=high // 4)
+        self.last_message = self.loop.time()
+        self._arm()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.read_buffer  # shared: buffer_updated follows each read at once
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.ended is not None:
+            return  # closing: nothing it sends now will be answered
+        self.buffer += self.server.read_buffer[:nbytes]
+        if self.continuation is None and not self.writing_paused:
+            self._process()
+
+    def eof_received(self) -> bool:
+        self.eof = True  # answer what is complete, then close (see _settle)
+        if self.ended is None and self.continuation is None and not self.writing_paused:
+            self._settle()
+        return True  # the server closes its side itself
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        self.server.responder.counters.tcp_read_pauses["write_buffer"] += 1
+        self._set_reading(False)
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.ended is None and self.continuation is None:
+            self.continuation = self.loop.call_soon(self._process)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.ended is None:
+            self.ended = "client"
+            self.server.responder.counters.tcp_closed["client"] += 1
+        self._cancel_timers()
+        self.server.forget(self)
+        self.buffer = bytearray()
+
+    # --- answering ----------------------------------------------------------------------
+
+    def _complete_message_buffered(self) -> bool:
+        buffer = self.buffer
+        return len(buffer) >= 2 and len(buffer) >= 2 + _LENGTH.unpack_from(buffer)[0]
+
+    def _process(self) -> None:
+        """Answer up to ``max_in_flight`` complete messages from the buffer, then settle."""
+        self.continuation = None
+        if self.ended is not None or self.transport is None or self.writing_paused:
+            return
+        respond = self.server.responder.respond
+        buffer = self.buffer
+        out = bytearray()
+        answered = 0
+        offset = 0
+        bad = False
+        while answered < self.limits.max_in_flight and len(buffer) - offset >= 2:
+            (length,) = _LENGTH.unpack_from(buffer, offset)
+            end = offset + 2 + length
+            if len(buffer) < end:
+                break
+            message = bytes(buffer[offset + 2:end])
+            offset = end
+            try:
+                response = respond(message, self.peer, tcp=True)
+            except Exception:
+                logger.exception("error answering a TCP query")
+                response = None
+            if response is None:
+                bad = True
+                break
+            out += _LENGTH.pack(len(response))
+            out += response
+            answered += 1
+        del buffer[:offset]
+        if offset:
+            self.last_message = self.loop.time()
+            self.message_started = None
+            self.server.touch(self)
+        if out:
+            self.transport.write(out)  # may call pause_writing before it returns
+        if bad:
+            self.end("bad_message", flush=True)  # the answers before it still go out
+            return
+        self._settle()
+
+    def _settle(self) -> None:
+        """After a batch: schedule the next one or read again, re-arm the deadline, or close at EOF."""
+        complete = self._complete_message_buffered()
+        if self.buffer and not complete and not self.writing_paused:
+            if self.message_started is None:
+                self.message_started = self.loop.time()
+        else:
+            self.message_started = None  # while it waits on us the clock is not the client's
+        if complete and not self.writing_paused:
+            self.continuation = self.loop.call_soon(self._process)
+            if self.reading:
+                self.server.responder.counters.tcp_read_pauses["in_flight"] += 1
+            self._set_reading(False)
+        elif self.eof and not complete:
+            self.end("client", flush=True)  # it sent all it will send, and all of it is answered
+            return
+        else:
+            self._set_reading(not self.writing_paused)
+        self._arm()
+
+    # --- reading, deadlines, closing ----------------------------------------------------
+
+    def _set_reading(self, reading: bool) -> None:
+        if reading == self.reading or self.transport is None or self.ended is not None or (reading and self.eof):
+            return
+        self.reading = reading
+        if reading:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
+
+    def _arm(self) -> None:
+        deadline = self.last_message + self.limits.idle_timeout
+        if self.message_started is not None:
+            deadline = min(deadline, self.message_started + self.limits.message_timeout)
+        if self.timer is not None:
+            if self.deadline == deadline:
+                return  # a trickle of bytes moves nothing
+            self.timer.cancel()
+        self.deadline = deadline
+        self.timer = self.loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        if self.ended is not None:  # answers flushing to a client that does not read them
+            self.shut_now()
+            return
+        started = self.message_started
+        # Which deadline fired, from the deadlines themselves: uvloop's clock has millisecond steps.
+        late = started is not None and (started + self.limits.message_timeout
+                                         < self.last_message + self.limits.idle_timeout)
+        self.end("message_timeout" if late else "idle")
+
+    def end(self, reason: str, *, flush: bool = False) -> None:
+        """Close for ``reason``, counted once (eviction, shutdown, timeouts, a bad message).
+
+        ``flush``: what is already written still goes out, within ``message_timeout``.
+        """
+        if self.ended is None:
+            self.ended = reason
+            self.server.responder.counters.tcp_closed[reason] += 1
+        elif flush:
+            return  # already on its way out
+        if self.continuation is not None:
+            self.continuation.cancel()
+            self.continuation = None
+        if flush and self.transport is not None and self.transport.get_write_buffer_size():
+            # It keeps its slot (and stays evictable) until the answers are gone or the deadline passes.
+            self.transport.close()
+            if self.timer is not None:
+                self.timer.cancel()
+            self.deadline = self.loop.time() + self.limits.message_timeout
+            self.timer = self.loop.call_at(self.deadline, self._expire)
+            return
+        self.shut_now()
+
+    def shut_now(self) -> None:
+        """Give up the slot at once; unsent answers are dropped (RST) rather than waited for."""
+        self.server.forget(self)
+        self._cancel_timers()
+        if self.transport is None:
+            return
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
+            self.transport.close()
+
+    def _cancel_timers(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.continuation is not None:
+            self.continuation.cancel()
+            self.continuation = None
+
+
+class DnsServer:
+    """Owns the sockets; ``start`` binds every address, ``stop`` closes them."""
+
+    def __init__(self, responder: Responder, addresses: list[tuple[str, int]], tcp: TcpLimits | None = None) -> None:
+        self.responder = responder
+        self.addresses = addresses
+        self.tcp = tcp or TcpLimits()
+        # Open connections, least recently active first: the one to close when all slots are taken.
+        self.connections: OrderedDict[TcpProtocol, None] = OrderedDict()
+        self.per_source: Counter[str] = Counter()
+        self.read_buffer = memoryview(bytearray(_READ_CHUNK))
+        self._udp: list[asyncio.DatagramTransport] = []
+        self._tcp: list[asyncio.Server] = []
+        self.bound: list[tuple[str, int]] = []
+
+    # --- TCP connection slots -----------------------------------------------------------
+
+    def admit(self, connection: TcpProtocol) -> bool:
+        """Take a slot for a new connection, closing the longest-idle one if all are taken."""
+        counters = self.responder.counters
+        if self.per_source[connection.source] >= self.tcp.max_per_source:
+            counters.tcp_refused["source_limit"] += 1
+            return False
+        while len(self.connections) >= self.tcp.max_connections:
+            next(iter(self.connections)).end("evicted")
+        self.connections[connection] = None
+        self.per_source[connection.source] += 1
+        counters.tcp_connections += 1
+        counters.tcp_open = len(self.connections)
+        return True
+
+    def touch(self, connection: TcpProtocol) -> None:
+        if connection in self.connections:
+            self.connections.move_to_end(connection)
+
+    def forget(self, connection: TcpProtocol) -> None:
+        """Give back its slot (once; later calls do nothing)."""
+        if connection not in self.connections:
+            return
+        del self.connections[connection]
+        self.per_source[connection.source] -= 1
+        if self.per_source[connection.source] <= 0:
+            del self.per_source[connection.source]
+        self.responder.counters.tcp_open = len(self.connections)
+
+    # --- sockets ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind every address; a failure is a :class:`BindError` naming the setting to change."""
+        for host, port in self.addresses:
+            # Port 0 (tests, benches): the kernel picks a free UDP port, which another process
+            # may hold for TCP; pick again rather than fail. A configured port fails at once.
+            for attempt in range(1 if port else 20):
+                try:
+                    await self._bind(host, port)
+                    break
+                except BindError as error:
+                    if port or error.errno != errno.EADDRINUSE or attempt == 19:
+                        raise
+
+    async def _bind(self, host: str, port: int) -> None:
+        """UDP and TCP on one (host, port), or neither: a half-bound address is undone."""
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # No SO_REUSEADDR on UDP: with it another process could bind the same address and port
+        # and take our queries, and we would start silently beside it.
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        # A deep receive buffer absorbs bursts while the loop is busy elsewhere.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            sock.close()
+            raise BindError(host, port, "udp", error) from None
+        actual_port = sock.getsockname()[1]
+        transport, _ = await loop.create_datagram_endpoint(lambda: UdpProtocol(self.responder), sock=sock)
+        try:
+            # TCP keeps SO_REUSEADDR so a restart is not refused by the last run's TIME_WAIT sockets;
+            # on Linux it does not let a second listener share the port.
+            server = await loop.create_server(lambda: TcpProtocol(self), host, actual_port, reuse_address=True,
+                                              backlog=512)
+        except OSError as error:
+            transport.close()
+            await asyncio.sleep(0)  # the transport closes its socket on the next loop turn
+            raise BindError(host, actual_port, "tcp", error) from None
+        self._udp.append(transport)
+        self._tcp.append(server)
+        self.bound.append((host, actual_port))
+        logger.info("DNS listening on %s port %d (UDP and TCP)", host, actual_port)
+
+    async def stop(self) -> None:
+        for transport in self._udp:
+            transport.close()
+        for server in self._tcp:
+            server.close()
+        for connection in list(self.connections):
+            connection.end("shutdown")
+        for server in self._tcp:
+            await server.wait_closed()
+        self._udp.clear()
+        self._tcp.clear()

@@ -1,0 +1,118 @@
+"""Prometheus view of gossip, read from the plain counters at scrape time (nothing on the hot path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from region_agent.gossip.messages import State
+
+if TYPE_CHECKING:
+    from region_agent.gossip.keyfile import KeyringWatcher
+    from region_agent.gossip.node import GossipNode
+
+_COUNTERS = (
+    ("probes", "Probes this agent started"),
+    ("probe_failures", "Probes that got no ack, direct or indirect"),
+    ("indirect_probes", "Indirect probes (ping-req) this agent sent"),
+    ("suspicions", "Members this agent saw become suspect"),
+    ("refutations", "Suspicions of itself this agent refuted"),
+    ("deaths", "Members this agent declared dead"),
+    ("push_pulls", "Member-list push-pulls this agent started"),
+    ("reconnects", "Push-pulls sent to members believed failed"),
+)
+
+
+class GossipCollector(Collector):
+    def __init__(self, node: GossipNode) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        node = self._node
+        stats = node.stats
+        members = GaugeMetricFamily("region_agent_gossip_members", "Members known, by state", labels=["state"])
+        counts = {state.name.lower(): 0 for state in State}
+        regions: dict[str, int] = {}
+        for view in node.members():
+            counts[view.state.name.lower()] += 1
+            if view.state in (State.ALIVE, State.SUSPECT):
+                regions[view.member.region] = regions.get(view.member.region, 0) + 1
+        for state, count in counts.items():
+            members.add_metric([state], count)
+        yield members
+        by_region = GaugeMetricFamily("region_agent_gossip_region_members",
+                                      "Members alive or suspect, by region", labels=["region"])
+        for region, count in sorted(regions.items()):
+            by_region.add_metric([region], count)
+        yield by_region
+        for name, help_text in _COUNTERS:
+            yield CounterMetricFamily(f"region_agent_gossip_{name}", help_text, value=getattr(stats, name))
+        messages = CounterMetricFamily("region_agent_gossip_messages", "Gossip messages by direction and type",
+                                       labels=["direction", "type"])
+        size = CounterMetricFamily("region_agent_gossip_bytes", "Gossip bytes by direction and type",
+                                   labels=["direction", "type"])
+        for direction, counts_, bytes_ in (("sent", stats.sent_messages, stats.sent_bytes),
+                                           ("received", stats.received_messages, stats.received_bytes)):
+            for kind in sorted(counts_):
+                messages.add_metric([direction, kind], counts_[kind])
+                size.add_metric([direction, kind], bytes_[kind])
+        yield messages
+        yield size
+        rejected = CounterMetricFamily("region_agent_gossip_rejected",
+                                       "Datagrams, streams and messages refused, by reason", labels=["reason"])
+        for reason in sorted(stats.rejected):
+            rejected.add_metric([reason], stats.rejected[reason])
+        yield rejected
+        membership = node.membership
+        yield GaugeMetricFamily("region_agent_gossip_health_score",
+                                "Local health (Lifeguard): 0 is healthy; higher stretches this agent's timeouts",
+                                value=0 if membership is None else membership.health_score)
+        yield GaugeMetricFamily("region_agent_gossip_queued_broadcasts", "Broadcasts waiting to be gossiped",
+                                value=0 if membership is None else membership.queued_broadcasts())
+        yield CounterMetricFamily("region_agent_gossip_broadcasts_dropped",
+                                  "Broadcasts dropped from a full queue (anti-entropy repairs what they carried)",
+                                  value=0 if membership is None else membership.dropped_broadcasts())
+        sync = node.anti_entropy
+        rounds = CounterMetricFamily("region_agent_gossip_sync_rounds",
+                                     "Anti-entropy rounds by result (in_sync, repaired, exchanged, timeout, busy, "
+                                     "unknown, error)", labels=["result"])
+        entries = CounterMetricFamily("region_agent_gossip_sync_entries", "Store entries moved by anti-entropy",
+                                      labels=["direction"])
+        in_sync = GaugeMetricFamily("region_agent_gossip_peers_in_sync",
+                                    "Peers whose store digest, as last heard, equals this agent's")
+        if sync is not None:
+            for result in sorted(sync.stats.rounds):
+                rounds.add_metric([result], sync.stats.rounds[result])
+            entries.add_metric(["sent"], sync.stats.entries_sent)
+            entries.add_metric(["received"], sync.stats.entries_received)
+            entries.add_metric(["applied"], sync.stats.entries_applied)
+            mine = node.replica.digest().hex()
+            in_sync.add_metric([], sum(1 for d in sync.peer_digests.values() if d.digest == mine))
+        yield rounds
+        yield entries
+        yield in_sync
+        yield GaugeMetricFamily("region_agent_gossip_join_attempts", "Joins of the seeds tried while alone",
+                                value=node.join_attempts)
+
+
+class KeyringCollector(Collector):
+    """The live keyring as its watcher keeps it: how many keys are accepted, and file changes applied."""
+
+    def __init__(self, watcher: KeyringWatcher) -> None:
+        self._watcher = watcher
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        yield GaugeMetricFamily("region_agent_gossip_keyring_keys", "Gossip keys accepted (the primary included)",
+                                value=len(self._watcher.keyring.keys()))
+        yield CounterMetricFamily("region_agent_gossip_keyring_reloads",
+                                  "Keyring file changes applied to the live keyring", value=self._watcher.reloads)
+
+
+def register(node: GossipNode, registry: CollectorRegistry, watcher: KeyringWatcher | None = None) -> None:
+    registry.register(GossipCollector(node))
+    if watcher is not None:
+        registry.register(KeyringCollector(watcher))

@@ -1,0 +1,208 @@
+"""One agent's place in the cluster: transport, membership and anti-entropy, wired together.
+
+:class:`GossipNode` binds the encrypted UDP/TCP transport, runs the SWIM membership on the event
+loop, routes stream messages (push-pull of members to the membership, sync steps to
+anti-entropy), hands user broadcasts to the application's handlers, and keeps joining the seeds
+while it knows nobody (backoff with jitter: a lone agent of a new region, or a whole cluster
+restarted at once, finds the others as soon as they are up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from region_agent.gossip.keyring import Keyring
+from region_agent.gossip.membership import Membership, MemberView
+from region_agent.gossip.messages import Address, Member, MessageError, MessageType, Role, State, User, decode
+from region_agent.gossip.scheduler import AsyncioScheduler
+from region_agent.gossip.settings import GossipSettings
+from region_agent.gossip.stats import GossipStats
+from region_agent.gossip.sync import AntiEntropy, Replica
+from region_agent.gossip.transport import UdpTransport
+
+logger = logging.getLogger("region_agent.gossip")
+
+UserHandler = Callable[[User], bool]          # True when the handler took the message
+MemberListener = Callable[[MemberView, State | None], None]
+LEAVE_GRACE = 1.0   # seconds the leave broadcast gets to go out before the sockets close
+
+
+class GossipNode:
+    def __init__(self, settings: GossipSettings, *, region: str, node: str, keyring: Keyring, replica: Replica,
+                 role: Role = Role.AGENT, tls: Any = None, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.name = f"{region}/{node}"
+        self.region = region
+        self.node = node
+        self.role = role
+        self.keyring = keyring
+        self.replica = replica
+        self.tls = tls
+        self.stats = GossipStats()
+        self.config = settings.timings()
+        self.transport: UdpTransport | None = None
+        self.membership: Membership | None = None
+        self.anti_entropy: AntiEntropy | None = None
+        self.user_handlers: list[UserHandler] = []
+        self.member_listeners: list[MemberListener] = []
+        self.join_attempts = 0
+        self.joined = asyncio.Event()      # set once another member is known
+        self._rng = rng or random.Random()
+        self._alone = asyncio.Event()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        kwargs: dict[str, Any] = {"max_stream": self.config.stream_bytes}
+        if self.tls is not None:
+            kwargs["tls"] = self.tls
+        transport = await UdpTransport.start(self.settings.bind_address, self.settings.port, self.keyring,
+                                             self.stats, **kwargs)
+        # Peers reach us (and streams name us) at the advertised address, not a wildcard bind.
+        transport.addr = Address(self.settings.advertised, transport.addr.port)
+        self.transport = transport
+        local = Member(self.name, self.region, self.node, self.role, transport.addr)
+        self.membership = Membership(self.config, local, transport, AsyncioScheduler(), rng=self._rng,
+                                     events=self, stats=self.stats)
+        self.anti_entropy = AntiEntropy(name=self.name, replica=self.replica, send=transport.send_stream,
+                                        peers=self.peer_addresses, interval=self.settings.sync_interval,
+                                        rng=self._rng)
+        transport.attach(self)
+        self.membership.start()
+        self._alone.set()
+        logger.info("gossip: %s listening on %s (%s preset)", self.name, transport.addr, self.settings.preset)
+
+    async def stop(self) -> None:
+        """Leave gracefully (others mark us left at once, not dead after a suspicion), then close."""
+        if self.membership is not None and self.membership.running:
+            self.membership.leave()
+            await asyncio.sleep(min(LEAVE_GRACE, 3 * self.config.gossip_interval))
+            self.membership.stop()
+        if self.transport is not None:
+            await self.transport.close()
+
+    async def run_anti_entropy(self) -> None:
+        assert self.anti_entropy is not None
+        await self.anti_entropy.run()
+
+    async def run_join(self) -> None:
+        """Join the seeds whenever no other member is alive, with backoff and jitter between attempts."""
+        delay = 0.5
+        while True:
+            await self._alone.wait()
+            seeds = await self.resolve_seeds()
+            if seeds:
+                self.join_attempts += 1
+                assert self.membership is not None
+                self.membership.join(seeds)
+            await asyncio.sleep(delay * self._rng.uniform(0.5, 1.5))
+            delay = min(delay * 2, self.settings.join_retry_max) if self._alone.is_set() else 0.5
+
+    async def resolve_seeds(self) -> list[Address]:
+        """The configured seeds and the addresses behind ``seeds_dns``, never ourselves."""
+        out: list[Address] = []
+        loop = asyncio.get_running_loop()
+        for host, port in self.settings.seed_list():
+            try:
+                infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM), 5.0)
+            except (OSError, TimeoutError) as exc:
+                logger.warning("gossip: seed %s does not resolve: %s", host, exc)
+                continue
+            out.extend(Address(str(info[4][0]), port) for info in infos[:1])
+        if self.settings.seeds_dns:
+            try:
+                infos = await asyncio.wait_for(
+                    loop.getaddrinfo(self.settings.seeds_dns, self.settings.port, type=socket.SOCK_DGRAM), 5.0)
+            except (OSError, TimeoutError) as exc:
+                logger.warning("gossip: seeds_dns %s does not resolve: %s", self.settings.seeds_dns, exc)
+            else:
+                out.extend(Address(str(info[4][0]), self.settings.port) for info in infos)
+        me = self.transport.addr if self.transport is not None else None
+        unique: dict[Address, None] = {}
+        for addr in out:
+            if addr != me:
+                unique[addr] = None
+        return list(unique)
+
+    # --- views --------------------------------------------------------------------------------
+
+    def members(self) -> list[MemberView]:
+        return [] if self.membership is None else self.membership.members()
+
+    def peer_addresses(self) -> Sequence[Address]:
+        """Live members other than this one: anti-entropy partners."""
+        return [v.member.addr for v in self.members()
+                if v.member.name != self.name and v.state in (State.ALIVE, State.SUSPECT)]
+
+    def alive_regions(self) -> set[str]:
+        """Regions with at least one agent alive or suspect (this one's included)."""
+        return {v.member.region for v in self.members() if v.state in (State.ALIVE, State.SUSPECT)
+                and v.member.role is Role.AGENT}
+
+    def broadcast(self, key: str, payload: bytes) -> None:
+        if self.membership is not None:
+            self.membership.broadcast(key, payload)
+
+    def queued_broadcasts(self) -> int:
+        return 0 if self.membership is None else self.membership.queued_broadcasts()
+
+    def sync_now(self, fanout: int = 1) -> None:
+        if self.anti_entropy is not None:
+            self.anti_entropy.sync_now(fanout)
+
+    # --- transport receiver -------------------------------------------------------------------
+
+    def receive_packet(self, data: bytes, source: Address) -> None:
+        if self.membership is not None:
+            self.membership.receive_packet(data, source)
+
+    def receive_stream(self, data: bytes, source: Address) -> None:
+        if len(data) >= 2 and data[1] == MessageType.SYNC:
+            if self.anti_entropy is None or self.membership is None or not self.membership.running:
+                return
+            try:
+                message = decode(data)
+            except MessageError:
+                self.stats.rejected["malformed"] += 1
+                return
+            self.stats.received("sync", len(data))
+            self.anti_entropy.receive(message, source)   # type: ignore[arg-type]
+            return
+        if self.membership is not None:
+            self.membership.receive_stream(data, source)
+
+    # --- membership events --------------------------------------------------------------------
+
+    def member_changed(self, view: MemberView, previous: State | None) -> None:
+        others_alive = any(v.member.name != self.name and v.state in (State.ALIVE, State.SUSPECT)
+                           for v in self.members())
+        if others_alive:
+            self._alone.clear()
+            if not self.joined.is_set():
+                self.joined.set()
+                self.sync_now(1)   # catch up at once instead of at the next periodic round
+        else:
+            self._alone.set()
+        if view.state in (State.DEAD, State.LEFT) and self.anti_entropy is not None:
+            self.anti_entropy.forget_peer(view.member.name)
+        if previous is not view.state:
+            logger.info("gossip: member %s (%s) %s -> %s", view.member.name, view.member.addr,
+                        "new" if previous is None else previous.name.lower(), view.state.name.lower())
+        for listener in list(self.member_listeners):
+            listener(view, previous)
+
+    def user_message(self, message: User) -> None:
+        for handler in self.user_handlers:
+            if handler(message):
+                return
+        self.stats.rejected["unknown_user"] += 1
+
+    def since_wall(self, view: MemberView) -> float:
+        """A member view's ``since`` (loop time) as wall time."""
+        return time.time() - (asyncio.get_running_loop().time() - view.since)

@@ -1,0 +1,488 @@
+"""The replicated store: versioned entries, deterministic merge, tombstones and a digest.
+
+Every agent holds a full copy. An entry is ``(key, value or tombstone, version)`` where the
+version is ``(hlc, writer)``; the entry with the greater version wins, everywhere, whatever
+order updates arrive in (last writer wins on a hybrid logical clock, ties broken by writer
+id), so two stores that have seen the same entries are equal. Deletes are tombstones that
+win like writes and are dropped after ``tombstone_ttl`` so the store does not grow forever.
+
+The digest is the sum, modulo 2**128, of one hash per entry, kept per bucket (the first
+byte of a hash of the key): adding or replacing an entry updates it in O(1), two stores
+compare in one message, and differing buckets say which entries to exchange.
+
+Writes come in batches: :meth:`Store.put_many` (local) and :meth:`Store.merge` (from peers)
+apply a whole batch and then notify each listener once with every entry that changed, so
+a reload of 1,000 projects costs one recompilation, not 1,000.
+
+Merge policy: each entry of a batch is validated first (key shape, record type, writer id,
+owner, schema, clock drift); a rejected entry is reported in :class:`MergeResult` with its
+reason and counted (``region_agent_state_merge_rejected_total{reason}``), and every other
+entry still applies. One bad entry from a peer must not hold back the good ones, and since
+merge is idempotent and order-free, a later anti-entropy round repairs what was refused
+once the sender is fixed. A local batch (``put_many``) is all-or-nothing instead: a bad
+local write is a bug of the caller and raises before anything changes.
+
+Tombstones are kept :data:`TOMBSTONE_TTL_SECONDS` (a day; it must exceed the longest time
+an agent can be partitioned away and come back, or its old copy of a deleted key would
+return) and swept every :data:`TOMBSTONE_SWEEP_SECONDS` by the supervisor calling
+:meth:`Store.expire_tombstones`.
+
+This module does no I/O and never awaits: callers own locking-free single-loop access.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from region_agent.state.hlc import ClockDriftError, HybridClock, physical_ms
+from region_agent.state.model import (
+    SCHEMA_VERSION,
+    STANDALONE,
+    Challenge,
+    CopyHealth,
+    Fence,
+    Key,
+    Kind,
+    ModelError,
+    Project,
+    Region,
+    Value,
+    check_key,
+    may_write,
+    value_matches,
+    writer_role,
+)
+
+BUCKETS = 256
+_MOD = 1 << 128
+TOMBSTONE_TTL_SECONDS = 86_400.0
+TOMBSTONE_SWEEP_SECONDS = 600.0
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Version:
+    hlc: int
+    writer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    key: Key
+    value: Value | None  # None is a tombstone
+    version: Version
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.value is None
+
+
+class OwnershipError(PermissionError):
+    """A writer tried to change a key it does not own."""
+
+
+class RejectReason(enum.StrEnum):
+    """Why :meth:`Store.merge` refused an entry (the ``reason`` label of the counter)."""
+
+    BAD_KEY = "bad-key"  # unknown kind or wrong shape
+    BAD_VALUE = "bad-value"  # not the record type of the key's kind, or names another key
+    BAD_WRITER = "bad-writer"  # a writer id that is not <role>/<node>
+    STANDALONE_WRITER = "standalone-writer"  # standalone agents are never replicated
+    NOT_OWNER = "not-owner"  # the writer does not hold the key's owner role
+    CLOCK_DRIFT = "clock-drift"  # an HLC too far ahead of our wall clock
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    entry: Entry
+    reason: RejectReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What a merge did: entries applied (one per key, the winner), refused, and already known."""
+
+    applied: list[Entry]
+    rejected: list[Rejected]
+    stale: int
+
+
+def check_remote(entry: Entry, clock: HybridClock) -> Rejected | None:
+    """Validate one entry from a peer without changing anything; None when it may apply."""
+    try:
+        check_key(entry.key)
+    except ModelError as exc:
+        return Rejected(entry, RejectReason.BAD_KEY, str(exc))
+    if entry.value is not None and not value_matches(entry.key, entry.value):
+        detail = f"{type(entry.value).__name__} is not a record for {entry.key!r}"
+        return Rejected(entry, RejectReason.BAD_VALUE, detail)
+    writer = entry.version.writer
+    try:
+        role = writer_role(writer)
+    except ModelError as exc:
+        return Rejected(entry, RejectReason.BAD_WRITER, str(exc))
+    if role == STANDALONE:
+        return Rejected(entry, RejectReason.STANDALONE_WRITER, f"writer {writer} is a standalone agent")
+    if not may_write(writer, entry.key):
+        return Rejected(entry, RejectReason.NOT_OWNER, f"writer {writer} does not own {entry.key!r}")
+    try:
+        clock.check(entry.version.hlc)
+    except ClockDriftError as exc:
+        return Rejected(entry, RejectReason.CLOCK_DRIFT, str(exc))
+    return None
+
+
+def _key_bytes(key: Key) -> bytes:
+    return "\x1f".join(key).encode()
+
+
+def bucket_of(key: Key) -> int:
+    return hashlib.blake2b(_key_bytes(key), digest_size=1).digest()[0]
+
+
+def _entry_hash(entry: Entry) -> int:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(_key_bytes(entry.key))
+    h.update(b"\x00")
+    h.update(entry.version.hlc.to_bytes(10, "big"))
+    h.update(entry.version.writer.encode())
+    h.update(b"\x00" if entry.value is None else b"\x01")
+    return int.from_bytes(h.digest(), "big")
+
+
+class StateView(Protocol):
+    """The live records by kind: what the zone compiler and the checks read."""
+
+    @property
+    def regions(self) -> Mapping[str, Region]: ...
+
+    @property
+    def projects(self) -> Mapping[str, Project]: ...
+
+    @property
+    def copies(self) -> Mapping[tuple[str, str], CopyHealth]: ...
+
+    @property
+    def challenges(self) -> Mapping[str, Mapping[bytes, Challenge]]: ...
+
+    @property
+    def fenced(self) -> Mapping[str, Fence]: ...
+
+    @property
+    def newest_hlc(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An immutable copy of the live records (a :class:`StateView` that later writes do not change)."""
+
+    regions: dict[str, Region]
+    projects: dict[str, Project]
+    copies: dict[tuple[str, str], CopyHealth]
+    newest_hlc: int
+    digest: str
+    challenges: dict[str, dict[bytes, Challenge]] = field(default_factory=dict)
+    fenced: dict[str, Fence] = field(default_factory=dict)
+
+
+Listener = Callable[[list[Entry]], None]
+
+
+class StoreMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rejected = Counter("region_agent_state_merge_rejected", "Entries from peers refused by merge",
+                                ["reason"], registry=registry)
+        self.applied = Counter("region_agent_state_merge_applied", "Entries from peers that changed the store",
+                               registry=registry)
+        self.expired = Counter("region_agent_state_tombstones_expired", "Tombstones dropped after their TTL",
+                               registry=registry)
+        self.tombstones = Gauge("region_agent_state_tombstones", "Tombstones held", registry=registry)
+        for reason in RejectReason:
+            self.rejected.labels(reason.value)
+
+
+class Store:
+    def __init__(self, *, writer: str, clock: HybridClock, tombstone_ttl: float = TOMBSTONE_TTL_SECONDS,
+                 registry: CollectorRegistry | None = None) -> None:
+        writer_role(writer)
+        self.writer = writer
+        self.clock = clock
+        self.tombstone_ttl_ms = int(tombstone_ttl * 1000)
+        self.metrics = StoreMetrics(registry if registry is not None else CollectorRegistry())
+        self._entries: dict[Key, Entry] = {}
+        self._hashes: dict[Key, tuple[int, int]] = {}  # key -> (bucket, hash of its entry), for the digest
+        self._tombstones: dict[Key, Entry] = {}
+        self._bucket_sums = [0] * BUCKETS
+        self._listeners: list[Listener] = []
+        # Live records by kind, kept in step with _entries so a reader never scans or copies
+        # the whole store. Read-only for everyone else (they are the StateView).
+        self._regions: dict[str, Region] = {}
+        self._projects: dict[str, Project] = {}
+        self._copies: dict[tuple[str, str], CopyHealth] = {}
+        self._challenges: dict[str, dict[bytes, Challenge]] = {}  # name → TXT rdata → record
+        self._fenced: dict[str, Fence] = {}  # region → its fence
+        self._newest_hlc = 0
+
+    # --- reads --------------------------------------------------------------------------
+
+    def get(self, key: Key) -> Value | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.value
+
+    def entry(self, key: Key) -> Entry | None:
+        return self._entries.get(key)
+
+    def entries(self) -> Iterator[Entry]:
+        return iter(list(self._entries.values()))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys_of(self, kind: Kind) -> list[Key]:
+        return [k for k, e in self._entries.items() if k[0] == kind.value and e.value is not None]
+
+    def bucket_digests(self) -> tuple[int, ...]:
+        return tuple(self._bucket_sums)
+
+    def digest(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for total in self._bucket_sums:
+            h.update(total.to_bytes(16, "big"))
+        return h.hexdigest()
+
+    def entries_in_buckets(self, buckets: Iterable[int]) -> list[Entry]:
+        wanted = set(buckets)
+        entries = self._entries
+        return [entries[key] for key, (bucket, _) in self._hashes.items() if bucket in wanted]
+
+    @property
+    def regions(self) -> Mapping[str, Region]:
+        return self._regions
+
+    @property
+    def projects(self) -> Mapping[str, Project]:
+        return self._projects
+
+    @property
+    def copies(self) -> Mapping[tuple[str, str], CopyHealth]:
+        return self._copies
+
+    @property
+    def challenges(self) -> Mapping[str, Mapping[bytes, Challenge]]:
+        return self._challenges
+
+    @property
+    def fenced(self) -> Mapping[str, Fence]:
+        return self._fenced
+
+    @property
+    def newest_hlc(self) -> int:
+        """The greatest version this store has applied (tombstones included)."""
+        return self._newest_hlc
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(dict(self._regions), dict(self._projects), dict(self._copies), self._newest_hlc,
+                        self.digest(), {name: dict(values) for name, values in self._challenges.items()},
+                        dict(self._fenced))
+
+    # --- local writes -------------------------------------------------------------------
+
+    def put(self, key: Key, value: Value) -> Entry | None:
+        """Write ``value`` as this store's writer; returns None when nothing changed."""
+        changed = self.put_many([(key, value)])
+        return changed[0] if changed else None
+
+    def delete(self, key: Key) -> Entry | None:
+        changed = self.put_many([(key, None)])
+        return changed[0] if changed else None
+
+    def put_many(self, items: Iterable[tuple[Key, Value | None]], *, writer: str | None = None) -> list[Entry]:
+        """Write a batch as this store's writer (``None`` deletes); returns the entries that changed.
+
+        ``writer`` writes as another role this agent holds (``acme/<node>`` for what a signed
+        UPDATE asked); it must own every key like any writer.
+
+        The whole batch is checked before anything changes (a bad key, record or owner
+        raises and the store stays as it was); listeners then hear once, with every change.
+        A key given twice takes its last value; a value equal to the current one makes no
+        new version (no churn in gossip or the zone).
+        """
+        batch: dict[Key, Value | None] = {}
+        if writer is None:
+            writer = self.writer
+        else:
+            writer_role(writer)
+        for key, value in items:
+            check_key(key)
+            if not may_write(writer, key):
+                raise OwnershipError(f"writer {writer} does not own {key!r}")
+            if value is not None and not value_matches(key, value):
+                raise ModelError(f"{type(value).__name__} is not a record for {key!r}")
+            batch[key] = value
+        changed: list[Entry] = []
+        for key, value in batch.items():
+            current = self._entries.get(key)
+            if current is None and value is None:
+                continue
+            if current is not None and current.value == value:
+                continue
+            entry = Entry(key, value, Version(self.clock.now(), writer))
+            self._apply(entry)
+            changed.append(entry)
+        if changed:
+            self._notify(changed)
+        return changed
+
+    # --- remote entries -----------------------------------------------------------------
+
+    def merge(self, entries: Iterable[Entry]) -> MergeResult:
+        """Apply a batch of entries from a peer (see the merge policy in the module docstring).
+
+        Every entry is validated before any applies; per key the greatest version in the
+        batch is the candidate, and it applies when it is newer than what the store holds.
+        Listeners hear once, with exactly the applied entries.
+        """
+        rejected: list[Rejected] = []
+        winners: dict[Key, Entry] = {}
+        for entry in entries:
+            problem = check_remote(entry, self.clock)
+            if problem is not None:
+                rejected.append(problem)
+                continue
+            best = winners.get(entry.key)
+            if best is None or entry.version > best.version:
+                winners[entry.key] = entry
+        applied: list[Entry] = []
+        stale = 0
+        for key, entry in winners.items():
+            self.clock.advance(entry.version.hlc)  # checked in validation: applying never raises
+            current = self._entries.get(key)
+            if current is not None and current.version >= entry.version:
+                stale += 1
+                continue
+            self._apply(entry)
+            applied.append(entry)
+        for problem in rejected:
+            self.metrics.rejected.labels(problem.reason.value).inc()
+        self.metrics.applied.inc(len(applied))
+        if applied:
+            self._notify(applied)
+        return MergeResult(applied, rejected, stale)
+
+    def expire_tombstones(self, now_wall_ms: int | None = None) -> int:
+        """Drop tombstones older than the TTL; returns how many were dropped.
+
+        Listeners are not told: a tombstone is in no index, so nothing they read changes.
+        """
+        now = self.clock.wall_ms() if now_wall_ms is None else now_wall_ms
+        cutoff = now - self.tombstone_ttl_ms
+        old = [e for e in self._tombstones.values() if physical_ms(e.version.hlc) < cutoff]
+        for entry in old:
+            del self._entries[entry.key]
+            del self._tombstones[entry.key]
+            bucket, digest = self._hashes.pop(entry.key)
+            self._bucket_sums[bucket] = (self._bucket_sums[bucket] - digest) % _MOD
+        self.metrics.expired.inc(len(old))
+        self.metrics.tombstones.set(len(self._tombstones))
+        return len(old)
+
+    # --- notifications ------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(changed entries)`` after every change; must not block or await."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _notify(self, changed: list[Entry]) -> None:
+        for listener in list(self._listeners):
+            listener(changed)
+
+    def _apply(self, entry: Entry) -> None:
+        key = entry.key
+        current = self._entries.get(key)
+        known = self._hashes.get(key)
+        bucket = bucket_of(key) if known is None else known[0]
+        digest = _entry_hash(entry)
+        total = self._bucket_sums[bucket] + digest - (0 if known is None else known[1])
+        self._bucket_sums[bucket] = total % _MOD
+        self._hashes[key] = (bucket, digest)
+        self._entries[key] = entry
+        if entry.value is None:
+            self._tombstones[entry.key] = entry
+        elif current is not None and current.value is None:
+            del self._tombstones[entry.key]
+        self._index(entry)
+        self._newest_hlc = max(self._newest_hlc, entry.version.hlc)
+
+    def _index(self, entry: Entry) -> None:
+        key, value = entry.key, entry.value
+        if key[0] == Kind.REGION.value:
+            _set_or_pop(self._regions, key[1], value)
+        elif key[0] == Kind.PROJECT.value:
+            _set_or_pop(self._projects, key[1], value)
+        elif key[0] == Kind.ACME.value:
+            values = self._challenges.setdefault(key[1], {})
+            _set_or_pop(values, bytes.fromhex(key[2]), value)
+            if not values:
+                del self._challenges[key[1]]
+        elif key[0] == Kind.FENCE.value:
+            _set_or_pop(self._fenced, key[1], value)
+        else:
+            _set_or_pop(self._copies, (key[1], key[2]), value)
+
+
+
+def _set_or_pop(index: dict[Any, Any], key: Any, value: Value | None) -> None:
+    if value is None:
+        index.pop(key, None)
+    else:
+        index[key] = value
+
+
+def entry_to_json(entry: Entry) -> dict[str, object]:
+    from region_agent.state.model import encode_value
+
+    return {
+        "v": SCHEMA_VERSION,
+        "key": list(entry.key),
+        "value": None if entry.value is None else encode_value(entry.value),
+        "hlc": entry.version.hlc,
+        "writer": entry.version.writer,
+    }
+
+
+def entry_from_json(data: dict[str, object]) -> Entry:
+    """Decode an entry received from outside; bad input raises :class:`ModelError`."""
+    from region_agent.state.model import decode_value
+
+    version = data.get("v")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise ModelError(f"entry schema version {version!r} is not {SCHEMA_VERSION}, the one this agent knows")
+    try:
+        raw_key = data["key"]
+        if not isinstance(raw_key, list):
+            raise ModelError("key must be a list")
+        key: Key = tuple(str(part) for part in raw_key)
+        hlc = data["hlc"]
+        writer = data["writer"]
+        if not isinstance(hlc, int) or hlc < 0 or not isinstance(writer, str) or not writer:
+            raise ModelError("hlc must be a non-negative integer and writer a non-empty string")
+        raw_value = data.get("value")
+        if raw_value is not None and not isinstance(raw_value, dict):
+            raise ModelError("value must be an object or null")
+    except KeyError as exc:
+        raise ModelError(f"entry lacks {exc.args[0]!r}") from exc
+    check_key(key)
+    value = None if raw_value is None else decode_value(key, raw_value)
+    return Entry(key, value, Version(hlc, writer))
+
+
+def dumps_entries(entries: Iterable[Entry]) -> bytes:
+    return json.dumps([entry_to_json(e) for e in entries], separators=(",", ":")).encode()

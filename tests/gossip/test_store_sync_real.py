@@ -1,0 +1,94 @@
+"""A large store crosses real sockets: 10,000 projects catch up over TCP streams, datagrams stay small."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prometheus_client import CollectorRegistry
+
+from region_agent.app.replication import StoreReplica
+from region_agent.gossip.keyring import Keyring, generate_key
+from region_agent.gossip.node import GossipNode
+from region_agent.gossip.settings import GossipSettings
+from region_agent.state.hlc import HybridClock
+from region_agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
+from region_agent.state.store import Store
+from tests.conftest import wait_for
+from tests.fakes.ports import free_port
+
+
+def _store(writer: str) -> Store:
+    return Store(writer=writer, clock=HybridClock(lambda: int(time.time() * 1000)))
+
+
+def _settings(tmp_keyring: str, seeds: list[str]) -> GossipSettings:
+    return GossipSettings(enabled=True, bind_address="127.0.0.1", port=free_port(), preset="lan",
+                          keyring_file=tmp_keyring, seeds=seeds, sync_interval=0.5)
+
+
+async def test_ten_thousand_projects_catch_up_over_streams_with_no_datagram_over_the_mtu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    keyring = Keyring(generate_key())
+    ring = str(tmp_path / "unused.json")   # the node takes the Keyring object; the path is only validated
+    a_store, b_store = _store("sfo1/a"), _store("ams1/b")
+    items: list[tuple[tuple[str, ...], Region | Project]] = [
+        (region_key("sfo1"), Region("sfo1", ipv4=("192.0.2.1",))), (region_key("ams1"), Region("ams1"))]
+    items += [(project_key(f"p{i:05d}"), Project(f"p{i:05d}", ("sfo1", "ams1"))) for i in range(10_000)]
+    a_store.put_many(items, writer="control/api")
+    a_store.put_many([(copy_key(f"p{i:05d}", "sfo1"), CopyHealth(True)) for i in range(10_000)])
+    a = GossipNode(_settings(ring, []), region="sfo1", node="a", keyring=keyring,
+                   replica=StoreReplica(a_store, CollectorRegistry()))
+    await a.start()
+    assert a.transport is not None
+    b = GossipNode(_settings(ring, [f"127.0.0.1:{a.transport.addr.port}"]), region="ams1", node="b",
+                   keyring=keyring, replica=StoreReplica(b_store, CollectorRegistry()))
+    await b.start()
+    sizes: list[int] = []
+    for node in (a, b):   # record every datagram's size on its way out, then send it as before
+        transport = node.transport
+        assert transport is not None
+        original = transport.send_packet
+
+        def recording(addr, data, original=original, overhead=transport.overhead):  # type: ignore[no-untyped-def]
+            sizes.append(len(data) + overhead)
+            original(addr, data)
+
+        transport.send_packet = recording  # type: ignore[method-assign]
+    tasks = [asyncio.create_task(coro) for coro in (a.run_anti_entropy(), b.run_anti_entropy(), b.run_join())]
+    started = time.monotonic()
+    try:
+        await wait_for(lambda: a_store.digest() == b_store.digest(), timeout=60, interval=0.05,
+                       message="20,002 entries caught up")
+        elapsed = time.monotonic() - started
+        assert len(b_store.projects) == 10_000 and len(b_store.copies) == 10_000
+        # The store moved over streams; every datagram (sealed) stayed within the path MTU bound.
+        assert b.stats.received_bytes["sync"] > 1_000_000
+        assert sizes and max(sizes) <= 1400 and a.stats.rejected["too_large"] == 0
+        assert elapsed < 30, elapsed
+        print(f"\n20,002 entries caught up in {elapsed:.2f} s; sync bytes received "
+              f"{b.stats.received_bytes['sync']:,}")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await b.stop()
+        await a.stop()
+
+
+async def test_seeds_come_from_the_list_and_from_a_dns_name_never_ourselves(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A headless Service is a DNS name whose A records are the agents: `seeds_dns` (here localhost)."""
+    from region_agent.gossip.messages import Address
+
+    port = free_port()
+    settings = GossipSettings(enabled=True, bind_address="127.0.0.1", port=port, preset="lan",
+                              keyring_file=str(tmp_path / "k.json"), seeds=["localhost:7001", "127.0.0.9"],
+                              seeds_dns="localhost")
+    node = GossipNode(settings, region="sfo1", node="a", keyring=Keyring(generate_key()),
+                      replica=StoreReplica(_store("sfo1/a"), CollectorRegistry()))
+    await node.start()
+    try:
+        seeds = await node.resolve_seeds()
+        assert Address("127.0.0.1", 7001) in seeds and Address("127.0.0.9", port) in seeds
+        assert Address("127.0.0.1", port) not in seeds   # the DNS name's record that is this agent
+    finally:
+        await node.stop()
