@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import logging
 import signal
@@ -35,8 +34,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from region_agent.app.settings import AgentSettings, SettingsError, load_settings
+from region_agent.base.bearer import BearerToken
 from region_agent.base.tasks import TaskSupervisor
 from region_agent.checks.checker import Checker, StoreCopies
+from region_agent.cluster.members import MemberRow, member_rows
 from region_agent.cluster.quorum import Quorum, has_contact_majority, has_majority
 from region_agent.control import PREFIX as CONTROL_PREFIX
 from region_agent.control import ControlAPI
@@ -44,7 +45,7 @@ from region_agent.globaldns.delegation import expected_ns_names
 from region_agent.globaldns.reachability import ReachabilityMonitor
 from region_agent.globaldns.service import ZoneService
 from region_agent.gossip.messages import State
-from region_agent.health.operator import BearerToken, Document
+from region_agent.health.operator import Document
 from region_agent.health.service import HealthService
 from region_agent.state.hlc import HybridClock
 from region_agent.state.local import CopyReason, CopyStatus, RegionView
@@ -102,7 +103,7 @@ class Agent:
         self.control = ControlAPI(store=self.store, node=settings.node, region=settings.region,
                                   members=self._member_views, has_majority=self.has_majority,
                                   digests=self._peer_digests, token=BearerToken(token_file) if token_file else None,
-                                  zone=self.zone_description, rtt=self._member_rtt)
+                                  zone=self.zone_description)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": Document(self.zone_description, self.zone_generation)},
                                     handlers={CONTROL_PREFIX: self.control.handle})
@@ -169,15 +170,13 @@ class Agent:
         now = asyncio.get_running_loop().time()   # the membership's scheduler clock
         return has_majority(view) and has_contact_majority(view, membership.last_ack, now, window)
 
-    def _member_views(self) -> list[Any]:
-        """The members with ``since`` as wall time (the control API shows it to people)."""
+    def _member_views(self) -> list[MemberRow]:
+        """The members as rows, ``since`` as wall time (the control API shows them to people)."""
         if self.gossip is None:
             return []
-        return [dataclasses.replace(view, since=self.gossip.since_wall(view)) for view in self.gossip.members()]
-
-    def _member_rtt(self, name: str) -> float | None:
-        membership = None if self.gossip is None else self.gossip.membership
-        return None if membership is None else membership.rtt.get(name)
+        membership = self.gossip.membership
+        return member_rows(self.gossip.members(), since_wall=self.gossip.since_wall,
+                           rtt=lambda name: None if membership is None else membership.rtt.get(name))
 
     def _peer_digests(self) -> dict[str, str | None]:
         """Every other member's store digest as last heard by anti-entropy (None: not heard yet)."""

@@ -39,6 +39,9 @@ from typing import Any
 
 from aiohttp import web
 
+from region_agent.base.bearer import BearerToken
+from region_agent.base.request_ids import RequestIds, is_valid_request_id
+from region_agent.cluster.members import MemberRow
 from region_agent.control.idempotency import IdempotencyCache, KeyConflictError, fingerprint
 from region_agent.control.validation import (
     ApiError,
@@ -49,12 +52,8 @@ from region_agent.control.validation import (
     path_region,
     path_slug,
 )
-from region_agent.globaldns.compiler import zone_serial
-from region_agent.gossip.membership import MemberView
-from region_agent.gossip.messages import State
-from region_agent.health.operator import BearerToken
-from region_agent.health.request_ids import RequestIds, is_valid_request_id
 from region_agent.state.model import Key, Value, fence_key, project_key, region_key, writer_role
+from region_agent.state.serial import zone_serial
 from region_agent.state.store import Store
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "FALLBACK", "PREFIX", "ROUTES", "ControlAPI", "Route", "load_openapi"]
@@ -65,7 +64,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_RETRY_AFTER_SECONDS = 5
 _KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,255}")  # visible ASCII, like a header token
 _JSON = "application/json"
-_LIVE = (State.ALIVE, State.SUSPECT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +125,7 @@ class ControlAPI:
         store: Store,
         node: str,
         region: str,
-        members: Callable[[], Iterable[MemberView]],
+        members: Callable[[], Iterable[MemberRow]],
         has_majority: Callable[[], bool],
         digests: Callable[[], Mapping[str, str | None]],
         token: BearerToken | None,
@@ -137,12 +135,11 @@ class ControlAPI:
         retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
         wall: Callable[[], float] = time.time,
         allow_unauthenticated: bool = False,
-        rtt: Callable[[str], float | None] = lambda _name: None,
     ) -> None:
         """``token`` None refuses every request with 401 unless ``allow_unauthenticated`` (tests, demos).
 
         ``digests``: member name → the store digest it last announced (None: not heard yet).
-        ``members``: views whose ``since`` is wall time; ``rtt``: a member's last probe round trip.
+        ``members``: the membership as rows (:func:`region_agent.cluster.members.member_rows`).
         ``zone``: the zone's description (the agent's ``/zone`` document); without it
         ``/v1/zone`` describes the replicated records.
         """
@@ -160,7 +157,6 @@ class ControlAPI:
         self._max_body = max_body_bytes
         self._retry_after = retry_after_seconds
         self._allow_unauthenticated = allow_unauthenticated
-        self._rtt = rtt  # member name → seconds of this agent's last acked probe of it
         self._ids = RequestIds(region, wall=wall)
         self._openapi_body = _dumps(load_openapi())
 
@@ -348,19 +344,18 @@ class ControlAPI:
         return _Result(200, await asyncio.to_thread(_dumps, document))
 
     def _do_members(self, _params: dict[str, str]) -> _Result:
-        views = sorted(self._members(), key=lambda v: v.member.name)
+        rows = sorted(self._members(), key=lambda row: row.name)
         regions: dict[str, bool] = {}
-        for view in views:
-            regions[view.member.region] = regions.get(view.member.region, False) or view.state in _LIVE
+        for row in rows:
+            regions[row.region] = regions.get(row.region, False) or row.live
         return _Result(200, {
             "region": self.region, "majority": self._has_majority(),
             "regions": {name: "alive" if alive else "silent" for name, alive in sorted(regions.items())},
             "members": [{
-                "name": v.member.name, "region": v.member.region, "node": v.member.node,
-                "role": v.member.role.value, "state": v.state.name.lower(), "since": v.since,
-                "address": str(v.member.addr), "incarnation": v.member.incarnation, "meta": v.member.metadata,
-                "rtt_ms": None if (rtt := self._rtt(v.member.name)) is None else round(rtt * 1000, 3),
-            } for v in views],
+                "name": row.name, "region": row.region, "node": row.node, "role": row.role, "state": row.state,
+                "since": row.since, "address": row.address, "incarnation": row.incarnation, "meta": dict(row.meta),
+                "rtt_ms": None if row.rtt is None else round(row.rtt * 1000, 3),
+            } for row in rows],
         })
 
     def _do_digests(self, _params: dict[str, str]) -> _Result:

@@ -41,8 +41,8 @@ from region_agent.globaldns.tables import (
     negative_reply_factory,
 )
 from region_agent.globaldns.wire import AAAA, NOERROR, NS, SERVFAIL, SOA, TXT, A, name_from_text, name_to_text
-from region_agent.state.hlc import physical_ms
 from region_agent.state.model import AllDownPolicy, Challenge, CopyHealth, Mode, Project, Region
+from region_agent.state.serial import zone_serial
 from region_agent.state.store import StateView
 
 FAMILIES = ((A, 4), (AAAA, 6))
@@ -72,11 +72,6 @@ class CompileReport:
     """What the compiler could not honour; logged and counted by the caller."""
 
     problems: list[str] = field(default_factory=list)
-
-
-def zone_serial(state: StateView) -> int:
-    """Seconds of the newest state change: equal state gives an equal serial everywhere."""
-    return max(1, physical_ms(state.newest_hlc) // 1000) % (1 << 32)
 
 
 def ns_host(region: str, apex: str) -> str:

@@ -39,14 +39,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from region_agent.base.bearer import BearerToken
 from region_agent.base.clock import Clock, SystemClock
 from region_agent.base.names import region_name
+from region_agent.base.request_ids import RequestIds
 from region_agent.health import views
 from region_agent.health.access_log import LOGGER_NAME, RequestLog, TokenBucket
 from region_agent.health.connections import GuardedServer, GuardedSite, errno_name
 from region_agent.health.metrics import ListenerMetrics, RequestStats
-from region_agent.health.operator import BearerToken, Document, DocumentCache, MetricsCache
-from region_agent.health.request_ids import RequestIds
+from region_agent.health.operator import Document, DocumentCache, MetricsCache
 from region_agent.health.settings import HealthSettings
 from region_agent.health.source import ViewSource, as_source
 from region_agent.health.views import Answer, CopyCounts

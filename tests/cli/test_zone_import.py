@@ -18,10 +18,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from region_agent.base.bearer import BearerToken
 from region_agent.cli.main import main
 from region_agent.cli.zone_import import idempotency_key, run_import
 from region_agent.control import ControlAPI
-from region_agent.health.operator import BearerToken
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import Project
 from region_agent.state.store import Store

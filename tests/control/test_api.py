@@ -14,14 +14,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
+from region_agent.base.bearer import BearerToken
+from region_agent.base.request_ids import is_valid_request_id
+from region_agent.cluster.members import MemberRow, member_rows
 from region_agent.control import PREFIX, ControlAPI, IdempotencyCache
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
 from region_agent.gossip.membership import MemberView
 from region_agent.gossip.messages import Address, Member, Role, State
 from region_agent.health.listener import HealthListener
 from region_agent.health.listener import Role as ListenerRole
-from region_agent.health.operator import BearerToken
-from region_agent.health.request_ids import is_valid_request_id
 from region_agent.health.settings import HealthSettings
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, copy_key, fence_key, project_key
@@ -44,7 +45,7 @@ class Cluster:
 
     store: Store
     majority: bool = True
-    members: list[MemberView] = field(default_factory=list)
+    members: list[MemberRow] = field(default_factory=list)
     digests: dict[str, str | None] = field(default_factory=dict)
 
     def api(self, token: BearerToken | None, **kwargs: Any) -> ControlAPI:
@@ -52,8 +53,9 @@ class Cluster:
                           has_majority=lambda: self.majority, digests=lambda: self.digests, token=token, **kwargs)
 
 
-def _member(region: str, node: str, state: State, role: Role = Role.AGENT) -> MemberView:
-    return MemberView(Member(f"{region}-{node}", region, node, role, Address("127.0.0.1", 7946)), state, 12.5)
+def _member(region: str, node: str, state: State, role: Role = Role.AGENT) -> MemberRow:
+    view = MemberView(Member(f"{region}-{node}", region, node, role, Address("127.0.0.1", 7946)), state, 12.5)
+    return member_rows([view], since_wall=lambda v: v.since, rtt=lambda _name: None)[0]
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from jsonschema import Draft202012Validator
 
+from region_agent.base.bearer import BearerToken
 from region_agent.control import ROUTES, ControlAPI, load_openapi
 from region_agent.control.api import FALLBACK
-from region_agent.health.operator import BearerToken
 from region_agent.state.hlc import HybridClock
 from region_agent.state.store import Store
 

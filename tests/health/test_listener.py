@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from region_agent.base.clock import ManualClock
 from region_agent.base.logs import JsonFormatter
+from region_agent.base.request_ids import is_valid_request_id
 from region_agent.health.access_log import LOGGER_NAME
 from region_agent.health.listener import HealthListener, Role
 from region_agent.health.metrics import ViewCollector
-from region_agent.health.request_ids import is_valid_request_id
 from region_agent.health.settings import HealthSettings
 from region_agent.health.source import ViewHolder, ViewSource
 from region_agent.state.local import CopyReason, RegionView

@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from region_agent.base.bearer import BearerToken, TokenFileError
 from region_agent.base.clock import ManualClock
-from region_agent.health.operator import BearerToken, Document, DocumentCache, TokenFileError
+from region_agent.health.operator import Document, DocumentCache
 from region_agent.health.service import HealthService
 from region_agent.health.settings import HealthSettings
 from region_agent.state.local import CopyReason

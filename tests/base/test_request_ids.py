@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from region_agent.base.names import InvalidNameError
-from region_agent.health.request_ids import RequestIds, is_valid_request_id
+from region_agent.base.request_ids import RequestIds, is_valid_request_id
 
 VALID = "req_lax1-1700000000000-0123456789ab"
 
