@@ -2,17 +2,19 @@
 
 The file is looked at again at most every couple of seconds (on a request, not by a task), so a
 rotated Kubernetes Secret takes effect without a restart, and a file that becomes unreadable or
-empty keeps the previous token (logged) instead of locking the operator out.
+empty keeps the previous token (logged, and shown as :meth:`BearerToken.problems`) instead of
+locking the operator out.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from region_agent.base.files import FileWatcher
 
 __all__ = ["BearerToken", "TokenFileError"]
 
@@ -30,37 +32,34 @@ class BearerToken:
     def __init__(self, path: Path, *, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._path = path
         self._monotonic = monotonic
-        self._mtime_ns = -1
-        self._expected = b""
+        self._watch = FileWatcher(path, what="operator token file", keeping="keeping the previous token",
+                                  logger=logger, errors=TokenFileError)
         self._checked_at = monotonic()
-        self._load(required=True)
+        self._expected = self._watch.read_now(self._read)  # raises: at start there is no token to keep
 
-    def _load(self, *, required: bool) -> None:
+    def _read(self) -> bytes:
         try:
-            stat = os.stat(self._path)
-            if stat.st_mtime_ns == self._mtime_ns:
-                return
             token = self._path.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            if required:
-                raise TokenFileError(
-                    f"health.operator_token_file {self._path}: {exc.strerror}"
-                ) from exc
-            logger.warning("operator token file %s unreadable (%s); keeping the previous token",
-                           self._path, exc.strerror)
-            return
+            raise TokenFileError(f"health.operator_token_file {self._path}: {exc.strerror}") from exc
         if not token:
-            if required:
-                raise TokenFileError(f"health.operator_token_file {self._path} is empty")
-            logger.warning("operator token file %s is empty; keeping the previous token", self._path)
-            return
-        self._expected = b"Bearer " + token.encode()
-        self._mtime_ns = stat.st_mtime_ns
+            raise TokenFileError(f"health.operator_token_file {self._path} is empty")
+        return b"Bearer " + token.encode()
+
+    @property
+    def problem(self) -> str | None:
+        """Why the file's current content is not in use (the previous token is), or None."""
+        return self._watch.problem
+
+    def problems(self) -> tuple[str, ...]:
+        return self._watch.problems()
 
     def accepts(self, authorization: str | None) -> bool:
         now = self._monotonic()
         if now - self._checked_at >= _RECHECK_SECONDS:
             self._checked_at = now
-            self._load(required=False)
+            expected = self._watch.read_if_due(self._read)
+            if expected is not None:
+                self._expected = expected
         given = (authorization or "").encode("utf-8", "surrogateescape")
         return hmac.compare_digest(given, self._expected)

@@ -22,7 +22,6 @@ the new keys without a restart. A file that can not be used keeps the current ke
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -30,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from region_agent.base.files import Signature, atomic_write, file_signature
+from region_agent.base.files import FileWatcher, atomic_write
 from region_agent.gossip.keyring import KeyOperationError, Keyring, encode_key, parse_key
 
 logger = logging.getLogger("region_agent.gossip")
@@ -147,30 +146,24 @@ class KeyringWatcher:
         self.keyring = keyring
         self.poll = poll
         self.reloads = 0
-        self._problem: str | None = None
-        self._signature: Signature | bool = False  # False: never read, so the first check reads
+        # Never read yet, so the first check reads (the file may have changed since the start).
+        self.watch = FileWatcher(self.path, what="gossip keyring file", keeping="keeping the current keys",
+                                 logger=logger, errors=KeyringFileError)
 
     @property
     def problem(self) -> str | None:
         """Why the file's current content is not in use (the previous keys are), or None."""
-        return self._problem
+        return self.watch.problem
+
+    def problems(self) -> tuple[str, ...]:
+        return self.watch.problems()
 
     def check(self) -> bool:
         """Read the file if it changed (or the last read failed); True when the keyring changed."""
-        signature = file_signature(self.path)
-        if signature == self._signature and self._problem is None:
+        read = self.watch.read_if_due(lambda: read_keyring_file(self.path))
+        if read is None:
             return False
-        self._signature = signature
-        try:
-            primary, keys = read_keyring_file(self.path)
-        except KeyringFileError as exc:
-            if str(exc) != self._problem:
-                logger.warning("gossip keyring file can not be used, keeping the current keys: %s", exc)
-            self._problem = str(exc)
-            return False
-        if self._problem is not None:
-            logger.info("gossip keyring file %s usable again", self.path)
-        self._problem = None
+        primary, keys = read
         changes = apply_keys(self.keyring, primary, keys)
         if changes:
             self.reloads += 1
@@ -178,6 +171,4 @@ class KeyringWatcher:
         return bool(changes)
 
     async def run(self) -> None:
-        while True:
-            self.check()
-            await asyncio.sleep(self.poll)
+        await self.watch.run(lambda _forced: self.check(), self.poll)

@@ -31,14 +31,11 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from region_agent.base.files import file_signature
+from region_agent.base.files import FileWatcher
 
 logger = logging.getLogger("region_agent.gossip")
 
 HANDSHAKE_TIMEOUT = 5.0
-
-_Signature = tuple[tuple[int, int, int] | None, ...]
-
 
 class TlsConfigError(ValueError):
     """The CA, certificate or key file can not be used; the message names the file."""
@@ -123,10 +120,6 @@ def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     return True
 
 
-def _signature(paths: tuple[Path, ...]) -> _Signature:
-    return tuple(file_signature(path) for path in paths)
-
-
 class TlsServerStream:
     """The listening end of one TLS connection, driven over a plain asyncio stream with memory BIOs.
 
@@ -195,9 +188,9 @@ class GossipTls:
                  handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
         self.paths = (Path(ca), Path(cert), Path(key))
         self.handshake_timeout = handshake_timeout
-        self._problem: str | None = None
-        self._signature = _signature(self.paths)
-        self._contexts = _load(*self.paths)
+        self.watch = FileWatcher(*self.paths, what="gossip TLS files", keeping="keeping the current certificates",
+                                 logger=logger, errors=TlsConfigError)
+        self._contexts = self.watch.read_now(self._read)
 
     @classmethod
     def from_files(cls, ca: str | os.PathLike[str], cert: str | os.PathLike[str], key: str | os.PathLike[str], *,
@@ -208,7 +201,10 @@ class GossipTls:
     @property
     def problem(self) -> str | None:
         """Why the files' current content is not in use (the previous contexts are), or None."""
-        return self._problem
+        return self.watch.problem
+
+    def problems(self) -> tuple[str, ...]:
+        return self.watch.problems()
 
     @property
     def server_context(self) -> ssl.SSLContext:
@@ -227,33 +223,22 @@ class GossipTls:
         """When this agent's certificate expires (for a metric or a warning)."""
         return self._contexts.not_after
 
+    def _read(self) -> _Contexts:
+        return _load(*self.paths)
+
     def reload(self) -> None:
         """Re-read the files now; on error raise :class:`TlsConfigError` and keep the current contexts."""
-        signature = _signature(self.paths)
-        contexts = _load(*self.paths)
-        self._contexts, self._signature = contexts, signature
+        self._contexts = self.watch.read_now(self._read)
 
     def reload_if_changed(self) -> bool:
         """Reload when a file changed (or the last attempt failed); True when new contexts are in use."""
-        signature = _signature(self.paths)
-        if signature == self._signature and self._problem is None:
+        contexts = self.watch.read_if_due(self._read)
+        if contexts is None:
             return False
-        try:
-            self.reload()
-        except TlsConfigError as exc:
-            if str(exc) != self._problem:
-                logger.warning("gossip TLS files changed but can not be used, keeping the current ones: %s", exc)
-            self._problem = str(exc)
-            self._signature = signature
-            return False
-        if self._problem is not None:
-            logger.info("gossip TLS files usable again")
-        self._problem = None
+        self._contexts = contexts
         logger.info("gossip TLS certificate reloaded: %s, valid until %s", self.subject, self.not_after)
         return True
 
     async def run(self, poll: float = 30.0) -> None:
         """Watch the files until cancelled (the kubelet refreshes a Secret volume about once a minute)."""
-        while True:
-            await asyncio.sleep(poll)
-            self.reload_if_changed()
+        await self.watch.run(lambda _forced: self.reload_if_changed(), poll)

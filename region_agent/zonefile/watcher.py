@@ -43,6 +43,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from region_agent.base.files import FileWatcher
 from region_agent.base.gc_pause import freeze_survivors, gc_paused
 from region_agent.state.model import (
     AllDownPolicy,
@@ -223,7 +224,7 @@ def parse_zone_bytes(data: bytes, source: str = "zone file") -> ZoneData:
 
 @dataclass(frozen=True, slots=True)
 class FileContent:
-    stamp: tuple[int, int, int]  # (inode, size, mtime ns)
+    stamp: tuple[int, int, int]  # (mtime ns, size, inode), as file_signature
     digest: str
     data: bytes
 
@@ -245,7 +246,7 @@ def read_content(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> FileContent:
         raise ZoneFileError(f"{path}: {exc.strerror or exc}", "io") from None
     if len(data) > max_bytes:
         raise ZoneFileError(f"{path}: more than the limit of {max_bytes} bytes (zone_file_max_bytes)", "too-large")
-    return FileContent((st.st_ino, st.st_size, st.st_mtime_ns), hashlib.sha256(data).hexdigest(), data)
+    return FileContent((st.st_mtime_ns, st.st_size, st.st_ino), hashlib.sha256(data).hexdigest(), data)
 
 
 def read_zone_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> ZoneData:
@@ -357,12 +358,13 @@ class ZoneFileWatcher:
         # Called in the read thread on every read, so it may re-read a settings file: setting
         # the override and sending SIGHUP confirms a refused mass removal without a restart.
         self.allow_mass_removal = allow_mass_removal
-        self.problem: str | None = None  # why the file on disk is not the zone served, or None
-        self._stamp: tuple[int, int, int] | None = None
+        # Why the file on disk is not the zone served; when to read it again (refused content is not
+        # read again until it changes, or on SIGHUP).
+        self.watch = FileWatcher(path, what="zone file", keeping="serving the previous zone", logger=logger,
+                                 level=logging.ERROR)
         self._applied: str | None = None  # hash of the content the store holds
         self._refused: str | None = None  # hash of the last refused content: polls do not retry it
         self._data: ZoneData | None = None  # what the store holds from the file (the watcher is its writer)
-        self._wake = asyncio.Event()
         self.reloads = Counter("region_agent_zone_file_reloads", "Zone file reads applied", registry=registry)
         self.errors = Counter("region_agent_zone_file_errors", "Zone file reads refused (the old zone stays)",
                               ["reason"], registry=registry)
@@ -371,12 +373,21 @@ class ZoneFileWatcher:
         self.last_success = Gauge("region_agent_zone_file_last_success_timestamp_seconds",
                                   "Wall time of the last good zone file read", registry=registry)
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    @property
+    def problem(self) -> str | None:
+        """Why the file on disk is not the zone served, or None."""
+        return self.watch.problem
+
+    @problem.setter
+    def problem(self, message: str | None) -> None:
+        # The supervisor records a refused first import (cluster mode) this way.
+        if message is None:
+            self.watch.accept()
+        else:
+            self.watch.refuse(message, retry=False)
+
+    def problems(self) -> tuple[str, ...]:
+        return self.watch.problems()
 
     def _read(self) -> tuple[FileContent, bool]:
         return read_content(self.path, self.max_bytes), self.allow_mass_removal()
@@ -388,43 +399,35 @@ class ZoneFileWatcher:
 
     def request_reload(self) -> None:
         """Ask for a re-read (the SIGHUP handler); safe to call from a signal handler."""
-        self._wake.set()
+        self.watch.request_reload()
 
     async def run(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-                forced = True
-            except TimeoutError:
-                forced = False
-            self._wake.clear()
-            try:
-                await self.check(forced=forced)
-            except ZoneFileError as exc:
-                self._refuse(exc.reason, str(exc), forced)
-            except Exception as exc:  # a bad file must never end the watch
-                logger.exception("zone file %s: unexpected error", self.path)
-                self._refuse("internal", f"{self.path}: {type(exc).__name__}: {exc}", forced)
+        await self.watch.run(self._poll, self.poll_interval)
+
+    async def _poll(self, forced: bool) -> None:
+        try:
+            await self.check(forced=forced)
+        except ZoneFileError as exc:
+            self._refuse(exc.reason, str(exc), forced)
+        except Exception as exc:  # a bad file must never end the watch
+            logger.exception("zone file %s: unexpected error", self.path)
+            self._refuse("internal", f"{self.path}: {type(exc).__name__}: {exc}", forced)
 
     def _refuse(self, reason: str, message: str, forced: bool) -> None:
         self.errors.labels(reason).inc()
-        if reason in _RETRIED:
-            self._stamp = None  # not about the content: try again on the next poll
-        # A problem that persists across polls is logged once, and again on every SIGHUP.
-        level = logging.ERROR if forced or message != self.problem else logging.DEBUG
-        self.problem = message
-        logger.log(level, "zone file refused (%s), still serving the previous zone: %s", reason, message)
+        # Not about the content (_RETRIED): try again on the next poll. A problem that persists
+        # across polls is logged once, and again on every SIGHUP.
+        self.watch.refuse(message, retry=reason in _RETRIED, again=forced, reason=reason)
 
     async def check(self, *, forced: bool) -> bool:
         """Apply the file if it changed (or on SIGHUP) and is stable; returns whether it applied."""
-        stamp = self._stat()
-        if not forced and stamp == self._stamp:
+        if not forced and not self.watch.due():
             return False
-        self._stamp = stamp  # a bad file is refused once, not on every poll
+        self.watch.mark()  # a bad file is refused once, not on every poll
         content, allowed = await self._settled_read()
-        self._stamp = content.stamp
+        self.watch.mark((content.stamp,))
         if content.digest == self._applied:
-            self.problem = None
+            self.watch.accept()
             return False  # touched, rewritten the same, or SIGHUP without a change: nothing to do
         if content.digest == self._refused and not forced:
             return False
@@ -463,7 +466,8 @@ class ZoneFileWatcher:
                                            if value is not None or key[0] != "copy" or (key[1], key[2]) in copies],
                                           writer=self.writer))
         self._data = data
-        self._applied, self._refused, self.problem = content.digest, None, None
+        self._applied, self._refused = content.digest, None
+        self.watch.accept()
         self.reloads.inc()
         self.last_success.set(time.time())
         logger.info("zone file %s: %d regions, %d projects (%d removed), %d keys changed", self.path,

@@ -118,6 +118,19 @@ def test_watcher_keeps_keys_on_a_bad_file(tmp_path: Path) -> None:
     assert not watcher.check()
 
 
+def test_watcher_problems_name_the_refused_file(tmp_path: Path) -> None:
+    path = tmp_path / "keyring.json"
+    save_keyring(path, Keyring(K1))
+    watcher = KeyringWatcher(path, load_keyring(path))
+    assert not watcher.check() and watcher.problems() == ()
+    path.write_text("{}")
+    assert not watcher.check()
+    assert watcher.problems() == (f"gossip keyring file refused, keeping the current keys: {watcher.problem}",)
+    assert str(path) in problem_of(watcher)
+    save_keyring(path, Keyring(K2, [K1]))
+    assert watcher.check() and watcher.problems() == ()
+
+
 class Counter:
     def __init__(self) -> None:
         self.got: set[bytes] = set()

@@ -282,3 +282,18 @@ def test_reload_when_files_change_keeps_good_contexts(pki: Pki, other_pki: Pki) 
     shutil.copyfile(new_key, key)
     assert tls.reload_if_changed()
     assert tls.problem is None and tls.subject == "CN=a2" and tls.server_context is not first
+
+
+def test_refused_files_are_a_problem_until_good_ones_come(pki: Pki, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="region_agent.gossip")
+    ca, cert, key = pki.files("a", "127.0.0.2")
+    tls = GossipTls.from_files(ca, cert, key)
+    assert tls.problems() == ()
+    good = key.read_bytes()
+    key.write_text("not a key\n")
+    assert not tls.reload_if_changed()
+    assert tls.problems() == (f"gossip TLS files refused, keeping the current certificates: gossip TLS key file "
+                              f"{key}: not an unencrypted PEM private key",)
+    key.write_bytes(good)
+    assert tls.reload_if_changed() and tls.problems() == ()
+    assert any("gossip TLS files" in r.getMessage() and "usable again" in r.getMessage() for r in caplog.records)

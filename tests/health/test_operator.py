@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,29 @@ def test_a_token_file_is_reread_when_it_changes(tmp_path: Path) -> None:
     path.write_text("")  # a half-written secret keeps the previous token
     clock.advance(5.0)
     assert token.accepts("Bearer two-rotated")
+
+
+def test_a_token_file_gone_bad_is_a_problem_logged_once_and_its_recovery_too(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="region_agent.health")
+    path = tmp_path / "token"
+    path.write_text("one")
+    clock = ManualClock()
+    token = BearerToken(path, monotonic=clock.monotonic)
+    assert token.problems() == () and token.problem is None
+    path.unlink()
+    for _ in range(3):
+        clock.advance(5.0)
+        assert token.accepts("Bearer one")
+    assert token.problems() == (f"operator token file refused, keeping the previous token: "
+                                f"health.operator_token_file {path}: No such file or directory",)
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
+    path.write_text("two")
+    clock.advance(5.0)
+    assert token.accepts("Bearer two") and token.problems() == ()
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        f"operator token file {path} usable again"]
 
 
 @pytest.mark.parametrize("content", [None, ""])

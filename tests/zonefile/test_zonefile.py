@@ -181,6 +181,10 @@ async def test_a_bad_file_keeps_the_old_zone_and_the_watch_goes_on(running: Star
     assert watcher.problem is not None and "region name 'nowhere'" in watcher.problem
     watcher.request_reload()  # SIGHUP forces a read even when the file did not change
     await wait_for(lambda: _errors(watcher, "invalid") == 2, timeout=5, message="forced re-read")
+    assert watcher.problems() == (f"zone file refused, serving the previous zone: {watcher.problem}",)
+    path.write_text(GOOD)
+    await wait_for(lambda: watcher.problem is None, timeout=5, message="fixed")
+    assert watcher.problems() == ()
 
 
 async def test_a_non_utf8_byte_is_refused_and_a_fixed_file_is_picked_up(

@@ -17,7 +17,6 @@ current keys, counts ``region_agent_dns_tsig_keys_file_errors_total`` and is sho
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -29,7 +28,7 @@ import dns.name
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from region_agent.base.files import Signature, file_signature
+from region_agent.base.files import FileWatcher
 from region_agent.globaldns.acme.service import AcmeUpdates
 from region_agent.globaldns.acme.tsig import Keyring, KeySpec, TsigConfigError
 from region_agent.globaldns.settings import AcmeSettings
@@ -98,34 +97,33 @@ class TsigKeysWatcher:
         self.poll = poll
         self.metrics = TsigKeysMetrics(registry)
         self.metrics.keys.set_function(lambda: len(self.acme.config.keyring))
-        self._problem: str | None = None
-        self._signature: Signature | bool = False  # False: the first check reads (the file may have changed
-        # since the start read it); an unchanged file changes nothing and logs nothing.
+        # Never read yet, so the first check reads (the file may have changed since the start read
+        # it); an unchanged file changes nothing and logs nothing.
+        self.watch = FileWatcher(self.path, what="TSIG keys file", keeping="keeping the current keys",
+                                 logger=logger, errors=TsigConfigError)
         self._names = _names(acme.config.keyring)
         self.metrics.last_success.set(time.time())
 
     @property
     def problem(self) -> str | None:
         """Why the file's current content is not in use (the previous keys are), or None."""
-        return self._problem
+        return self.watch.problem
+
+    def problems(self) -> tuple[str, ...]:
+        return self.watch.problems()
+
+    def _build(self) -> Keyring:
+        try:
+            return build_keyring(self.static, self.path)
+        except TsigConfigError:
+            self.metrics.errors.inc()
+            raise
 
     def check(self) -> bool:
         """Read the file if it changed (or the last read failed); True when the keys in use changed."""
-        signature = file_signature(self.path)
-        if signature == self._signature and self._problem is None:
+        keyring = self.watch.read_if_due(self._build)
+        if keyring is None:
             return False
-        self._signature = signature
-        try:
-            keyring = build_keyring(self.static, self.path)
-        except TsigConfigError as exc:
-            if str(exc) != self._problem:
-                logger.warning("TSIG keys file can not be used, keeping the current keys: %s", exc)
-            self._problem = str(exc)
-            self.metrics.errors.inc()
-            return False
-        if self._problem is not None:
-            logger.info("TSIG keys file %s usable again", self.path)
-        self._problem = None
         self.metrics.last_success.set(time.time())
         old = self.acme.config.keyring
         if _same(old, keyring):
@@ -142,9 +140,7 @@ class TsigKeysWatcher:
         return True
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll)
-            self.check()
+        await self.watch.run(lambda _forced: self.check(), self.poll)
 
 
 def _names(keyring: Keyring) -> set[str]:
