@@ -32,10 +32,10 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -70,7 +70,7 @@ _JSON = "application/json"
 class Route:
     method: str
     template: str  # aiohttp / OpenAPI style: /v1/projects/{slug}
-    handler: str  # the ControlAPI method answering it
+    handler: str  # the ControlAPI handler answering it (its table is checked when the API is built)
     write: bool = False
 
     @property
@@ -116,6 +116,21 @@ def _dumps(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=False).encode()
 
 
+_H = TypeVar("_H")
+_Read = Callable[[dict[str, str]], Awaitable[_Result]]
+_Write = Callable[[dict[str, str], dict[str, Any]], _Result]  # synchronous: see _write
+
+
+def _bind(handlers: Mapping[str, _H], routes: Iterable[Route]) -> dict[Route, _H]:
+    """Each route's handler by name; a route without a handler or a handler without a route raises."""
+    routes = list(routes)
+    names = {route.handler for route in routes}
+    if names != handlers.keys():
+        raise LookupError(f"control API handlers and ROUTES disagree: no handler for {sorted(names - handlers.keys())}"
+                          f", no route for {sorted(handlers.keys() - names)}")
+    return {route: handlers[route.handler] for route in routes}
+
+
 class ControlAPI:
     """The ``/v1`` handler; see the module docstring for the contract."""
 
@@ -159,6 +174,18 @@ class ControlAPI:
         self._allow_unauthenticated = allow_unauthenticated
         self._ids = RequestIds(region, wall=wall)
         self._openapi_body = _dumps(load_openapi())
+        reads: dict[str, _Read] = {
+            "openapi": self._do_openapi, "list_projects": self._do_list_projects, "get_project": self._do_get_project,
+            "list_regions": self._do_list_regions, "get_region": self._do_get_region, "zone": self._do_zone,
+            "members": self._do_members, "digests": self._do_digests,
+        }
+        writes: dict[str, _Write] = {
+            "put_project": self._do_put_project, "delete_project": self._do_delete_project,
+            "put_region": self._do_put_region, "delete_region": self._do_delete_region,
+            "fence": self._do_fence, "unfence": self._do_unfence,
+        }
+        self._reads = _bind(reads, (route for route in ROUTES if not route.write))
+        self._writes = _bind(writes, (route for route in ROUTES if route.write))
 
     # --- wiring -------------------------------------------------------------------------------
 
@@ -285,51 +312,47 @@ class ControlAPI:
                            "does (reads still work)", None,
                            {"Retry-After": str(self._retry_after), "X-Degraded": "true"})
         # From here to the store write nothing awaits: a retry with the same key can not interleave.
-        handler: Callable[[dict[str, str], dict[str, Any]], _Result] = getattr(self, "_do_" + route.handler)
-        result = handler(params, data)
+        result = self._writes[route](params, data)
         if key is not None and 200 <= result.status < 300:
             body = b"" if result.payload is None else _dumps(result.payload)
             self._idempotency.store(key, print_, result.status, body, tuple((result.headers or {}).items()))
         return self._respond(result, headers)
 
     async def _read(self, route: Route, params: dict[str, str]) -> _Result:
-        if route.handler == "zone":
-            return await self._get_zone()
-        handler: Callable[[dict[str, str]], _Result] = getattr(self, "_do_" + route.handler)
-        return handler(params)
+        return await self._reads[route](params)
 
     def _put(self, items: list[tuple[Key, Value | None]]) -> None:
         self.store.put_many(items, writer=self.writer)
 
     # --- reads --------------------------------------------------------------------------------
 
-    def _do_openapi(self, _params: dict[str, str]) -> _Result:
+    async def _do_openapi(self, _params: dict[str, str]) -> _Result:
         return _Result(200, self._openapi_body)
 
-    def _do_list_projects(self, _params: dict[str, str]) -> _Result:
+    async def _do_list_projects(self, _params: dict[str, str]) -> _Result:
         projects = self.store.projects
         return _Result(200, {"projects": [projects[slug].to_dict() for slug in sorted(projects)]})
 
-    def _do_get_project(self, params: dict[str, str]) -> _Result:
+    async def _do_get_project(self, params: dict[str, str]) -> _Result:
         slug = path_slug(params["slug"])
         project = self.store.projects.get(slug)
         if project is None:
             raise ApiError(404, f"no project {slug}", "path.slug")
         return _Result(200, project.to_dict())
 
-    def _do_list_regions(self, _params: dict[str, str]) -> _Result:
+    async def _do_list_regions(self, _params: dict[str, str]) -> _Result:
         regions, fenced = self.store.regions, self.store.fenced
         return _Result(200, {"regions": [regions[name].to_dict() for name in sorted(regions)],
                              "fenced": {name: fenced[name].reason for name in sorted(fenced)}})
 
-    def _do_get_region(self, params: dict[str, str]) -> _Result:
+    async def _do_get_region(self, params: dict[str, str]) -> _Result:
         name = path_region(params["name"])
         region = self.store.regions.get(name)
         if region is None:
             raise ApiError(404, f"no region {name}", "path.name")
         return _Result(200, region.to_dict())
 
-    async def _get_zone(self) -> _Result:
+    async def _do_zone(self, _params: dict[str, str]) -> _Result:
         if self._zone is not None:
             document: object = self._zone()
         else:
@@ -343,7 +366,7 @@ class ControlAPI:
         # A zone of thousands of projects is a megabyte of JSON: encoded off the loop.
         return _Result(200, await asyncio.to_thread(_dumps, document))
 
-    def _do_members(self, _params: dict[str, str]) -> _Result:
+    async def _do_members(self, _params: dict[str, str]) -> _Result:
         rows = sorted(self._members(), key=lambda row: row.name)
         regions: dict[str, bool] = {}
         for row in rows:
@@ -358,7 +381,7 @@ class ControlAPI:
             } for row in rows],
         })
 
-    def _do_digests(self, _params: dict[str, str]) -> _Result:
+    async def _do_digests(self, _params: dict[str, str]) -> _Result:
         local = self.store.digest()
         agents = sorted(self._digests().items())
         return _Result(200, {

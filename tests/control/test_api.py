@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 from region_agent.base.bearer import BearerToken
 from region_agent.base.request_ids import is_valid_request_id
 from region_agent.cluster.members import MemberRow, member_rows
-from region_agent.control import PREFIX, ControlAPI, IdempotencyCache
+from region_agent.control import PREFIX, ROUTES, ControlAPI, IdempotencyCache
+from region_agent.control.api import Route
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
 from region_agent.gossip.membership import MemberView
 from region_agent.gossip.messages import Address, Member, Role, State
@@ -56,6 +57,19 @@ class Cluster:
 def _member(region: str, node: str, state: State, role: Role = Role.AGENT) -> MemberRow:
     view = MemberView(Member(f"{region}-{node}", region, node, role, Address("127.0.0.1", 7946)), state, 12.5)
     return member_rows([view], since_wall=lambda v: v.since, rtt=lambda _name: None)[0]
+
+
+@pytest.mark.parametrize("routes", [
+    (*ROUTES, Route("GET", "/v1/extra", "extra")),  # a route without a handler
+    tuple(route for route in ROUTES if route.handler != "members"),  # a handler without a route
+    tuple(Route(r.method, r.template, r.handler, write=not r.write) if r.handler == "fence" else r
+          for r in ROUTES),  # a write answered by a read, or the reverse
+], ids=["no handler", "no route", "read or write"])
+def test_routes_and_handlers_are_checked_when_the_api_is_built(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch, routes: tuple[Route, ...]) -> None:
+    monkeypatch.setattr("region_agent.control.api.ROUTES", routes)
+    with pytest.raises(LookupError, match="handlers and ROUTES disagree"):
+        cluster.api(None)
 
 
 @pytest.fixture
