@@ -25,7 +25,7 @@ import dns.opcode
 import dns.rcode
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from region_agent.globaldns.acme.tsig import Keyring, UnparseableError, Verdict, respond, verify
+from region_agent.globaldns.acme.tsig import TsigKeyring, UnparseableError, Verdict, respond, verify
 from region_agent.globaldns.acme.update import UpdateLimits, ZoneFacts, plan_update
 from region_agent.globaldns.tables import ZoneHolder
 from region_agent.globaldns.wire import name_from_text
@@ -39,7 +39,7 @@ _HEADER = struct.Struct("!HHHHHH")
 @dataclass(frozen=True)
 class AcmeConfig:
     apex: str
-    keyring: Keyring
+    keyring: TsigKeyring
     writer: str  # acme/<node>
     limits: UpdateLimits = field(default_factory=UpdateLimits)
     lifetime: float = 86_400.0  # seconds a challenge lives without a delete

@@ -56,7 +56,7 @@ class KeySpec:
     secret: str
 
 
-class Keyring:
+class TsigKeyring:
     """The keys UPDATE may be signed with; several at once, so a key can be rotated."""
 
     def __init__(self, specs: Iterable[KeySpec] = ()) -> None:
@@ -76,7 +76,7 @@ class Keyring:
         return self.keys.get(name)
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Mapping[str, str]]) -> Keyring:
+    def from_mapping(cls, data: Mapping[str, Mapping[str, str]]) -> TsigKeyring:
         """From ``{name: {algorithm: ..., secret: ...}}`` (a mounted Secret's YAML or JSON)."""
         specs = []
         for name, fields in data.items():
@@ -122,7 +122,7 @@ class UnparseableError(Exception):
     """The message can not be parsed at all (FORMERR, or dropped when even the header is short)."""
 
 
-def verify(wire: bytes, keyring: Keyring) -> Verified:
+def verify(wire: bytes, keyring: TsigKeyring) -> Verified:
     """Parse ``wire`` and check its TSIG against ``keyring`` (MAC first, then time, as §5.2 orders)."""
     try:
         message = dns.message.from_wire(wire, keyring=keyring.lookup)
@@ -143,7 +143,7 @@ def verify(wire: bytes, keyring: Keyring) -> Verified:
     return Verified(message, Verdict.OK, _known(keyring, message))
 
 
-def _known(keyring: Keyring, message: dns.message.Message) -> dns.tsig.Key | None:
+def _known(keyring: TsigKeyring, message: dns.message.Message) -> dns.tsig.Key | None:
     return None if message.keyname is None else keyring.keys.get(message.keyname)
 
 

@@ -8,7 +8,7 @@ Format (YAML or JSON), the same as cert-manager's RFC 2136 issuer is given::
 Rotation without a restart: add the new key to the file (both keys verify), switch cert-manager
 to it, remove the old one. :class:`TsigKeysWatcher` polls the file's mtime, size and inode (a
 Kubernetes Secret volume swaps a symlink, which changes all three) every ``poll`` seconds and
-puts a new :class:`~region_agent.globaldns.acme.tsig.Keyring` — the settings' inline keys plus the file's — into
+puts a new :class:`~region_agent.globaldns.acme.tsig.TsigKeyring` — the settings' inline keys plus the file's — into
 the running :class:`~region_agent.globaldns.acme.service.AcmeUpdates` in one assignment, so an UPDATE is verified
 against either the old keys or the new ones, never a mix. A file that can not be used keeps the
 current keys, counts ``region_agent_dns_tsig_keys_file_errors_total`` and is shown as
@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from region_agent.base.files import FileWatcher
 from region_agent.globaldns.acme.service import AcmeUpdates
-from region_agent.globaldns.acme.tsig import Keyring, KeySpec, TsigConfigError
+from region_agent.globaldns.acme.tsig import KeySpec, TsigConfigError, TsigKeyring
 from region_agent.globaldns.settings import AcmeSettings
 
 logger = logging.getLogger("region_agent.dns.acme")
@@ -58,7 +58,7 @@ def read_keys_file(path: str | os.PathLike[str]) -> list[KeySpec]:
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise TsigConfigError(f"{where}: must map key names to {{algorithm, secret}}")
     try:
-        return Keyring.from_mapping(data).specs  # validates every key (algorithm, base64, length, duplicates)
+        return TsigKeyring.from_mapping(data).specs  # validates every key (algorithm, base64, length, duplicates)
     except TsigConfigError as exc:
         raise TsigConfigError(f"{where}: {exc}") from None
 
@@ -68,10 +68,10 @@ def inline_keys(settings: AcmeSettings) -> list[KeySpec]:
     return [KeySpec(k.name, k.algorithm, k.secret) for k in settings.tsig_keys]
 
 
-def build_keyring(static: Sequence[KeySpec], path: str | os.PathLike[str] | None) -> Keyring:
+def build_keyring(static: Sequence[KeySpec], path: str | os.PathLike[str] | None) -> TsigKeyring:
     """The settings' inline keys plus the file's; raises :class:`TsigConfigError` (a duplicate name too)."""
     specs = list(static) + (read_keys_file(path) if path is not None else [])
-    return Keyring(specs)
+    return TsigKeyring(specs)
 
 
 class TsigKeysMetrics:
@@ -112,7 +112,7 @@ class TsigKeysWatcher:
     def problems(self) -> tuple[str, ...]:
         return self.watch.problems()
 
-    def _build(self) -> Keyring:
+    def _build(self) -> TsigKeyring:
         try:
             return build_keyring(self.static, self.path)
         except TsigConfigError:
@@ -143,14 +143,14 @@ class TsigKeysWatcher:
         await self.watch.run(lambda _forced: self.check(), self.poll)
 
 
-def _names(keyring: Keyring) -> set[str]:
+def _names(keyring: TsigKeyring) -> set[str]:
     return {name.to_text() for name in keyring.keys}
 
 
-def _material(keyring: Keyring, name: dns.name.Name) -> tuple[object, object]:
+def _material(keyring: TsigKeyring, name: dns.name.Name) -> tuple[object, object]:
     key = keyring.keys[name]
     return (key.secret, key.algorithm)
 
 
-def _same(a: Keyring, b: Keyring) -> bool:
+def _same(a: TsigKeyring, b: TsigKeyring) -> bool:
     return a.keys.keys() == b.keys.keys() and all(_material(a, n) == _material(b, n) for n in a.keys)

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from region_agent.globaldns.acme.service import AcmeConfig, AcmeUpdates
-from region_agent.globaldns.acme.tsig import Keyring, KeySpec
+from region_agent.globaldns.acme.tsig import KeySpec, TsigKeyring
 from region_agent.globaldns.acme.tsig_keys import TsigKeysWatcher, build_keyring
 from region_agent.globaldns.tables import ZoneHolder
 from region_agent.state.hlc import HybridClock
@@ -23,7 +23,7 @@ def _keys(*names: str) -> str:
     return "".join(f"{name}: {{algorithm: hmac-sha256, secret: {SECRET}}}\n" for name in names)
 
 
-def _names(keyring: Keyring) -> set[str]:
+def _names(keyring: TsigKeyring) -> set[str]:
     return {name.to_text() for name in keyring.keys}
 
 

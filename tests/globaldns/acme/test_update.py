@@ -22,12 +22,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from region_agent.globaldns.acme.tsig import Keyring, KeySpec, TsigConfigError, Verdict, respond, verify
+from region_agent.globaldns.acme.tsig import KeySpec, TsigConfigError, TsigKeyring, Verdict, respond, verify
 from region_agent.globaldns.acme.update import UpdateLimits, UpdatePlan, ZoneFacts, plan_update
 
 APEX = dns.name.from_text("g.example.com")
 SECRET = base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
-KEYRING = Keyring([KeySpec("acme-key", "HMACSHA256", SECRET), KeySpec("old-key", "hmac-md5", SECRET)])
+KEYRING = TsigKeyring([KeySpec("acme-key", "HMACSHA256", SECRET), KeySpec("old-key", "hmac-md5", SECRET)])
 CHALLENGE = "_acme-challenge.g.example.com."
 
 
@@ -209,7 +209,7 @@ def _with_add() -> dns.update.UpdateMessage:
     KeySpec("k", "hmac-sha256", base64.b64encode(b"short").decode())])
 def test_bad_keys_are_refused_at_start(spec: KeySpec) -> None:
     with pytest.raises(TsigConfigError, match="TSIG key 'k'"):
-        Keyring([spec])
+        TsigKeyring([spec])
 
 
 def _tsig_cases() -> list[bytes]:
