@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from region_agent.base.names import region_name
 from region_agent.checks.settings import ChecksSettings
 from region_agent.cluster.settings import ClusterSettings
+from region_agent.globaldns.geoip.source import GeoipSettings
 from region_agent.globaldns.reachability import ReachabilitySettings
 from region_agent.globaldns.settings import DnsSettings
 from region_agent.gossip.settings import GossipSettings
@@ -173,6 +175,27 @@ def load_settings(config: Path | None = None, **overrides: Any) -> AgentSettings
             where = ".".join(str(part) for part in error["loc"]) or "settings"
             lines.append(f"  {where}: {error['msg']}")
         raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+def reread_geoip_settings() -> tuple[GeoipSettings, Path | None]:
+    """The GeoIP settings as the settings file says now (called off the loop, so a changed
+    source needs no restart)."""
+    dns = load_settings().dns
+    return dns.geoip, dns.geoip_database
+
+
+def mass_removal_allowed(settings: AgentSettings) -> Callable[[], bool]:
+    """Whether the zone file may remove most projects, as the settings file says at each read
+    (called off the loop), so an operator confirms a refused mass removal by setting it and
+    sending SIGHUP."""
+    def allowed() -> bool:
+        if settings.zone_file_allow_mass_removal:
+            return True
+        try:
+            return load_settings().zone_file_allow_mass_removal
+        except SettingsError:
+            return False
+    return allowed
 
 
 def _env_hint(message: str) -> str:

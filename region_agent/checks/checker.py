@@ -171,6 +171,10 @@ class Checker:
             return None
         return f"checks: {self.local_errors} local error(s), last: {detail}"
 
+    def problems(self) -> tuple[str, ...]:
+        problem = self.problem()
+        return () if problem is None else (problem,)
+
     async def run(self) -> None:
         """Check until cancelled; targets follow the store (call :meth:`reconcile`)."""
         self._session = new_session()

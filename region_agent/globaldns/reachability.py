@@ -306,13 +306,22 @@ class ReachabilityMonitor:
             "addresses": sorted({r.address for r in self.transports}),
             "port": self.settings.port,
             "checked_at": self.checked_at,
-            "errors": self.problems(),
+            "errors": list(self.problems()),
         }
 
-    def problems(self) -> list[str]:
+    def problems(self) -> tuple[str, ...]:
         """One line per address and transport that failed in the last round (for the degraded view)."""
-        return [f"dns not reachable over {r.transport} at {r.address}:{self.settings.port}: {r.error}"
-                for r in self.transports if not r.ok]
+        return tuple(f"dns not reachable over {r.transport} at {r.address}:{self.settings.port}: {r.error}"
+                     for r in self.transports if not r.ok)
+
+    def member_meta(self) -> str:
+        """The ``dns-reachable`` value this agent gossips in its member metadata, so ``region-agent
+        members`` shows a load balancer that drops UDP or TCP 53 anywhere in the cluster:
+        ``yes``, ``no:<transports>`` or ``unknown`` (no round finished yet)."""
+        summary = self.summary()
+        if summary["reachable"] is None:
+            return "unknown"
+        return "yes" if summary["reachable"] else "no:" + ",".join(summary["failed_transports"])
 
     async def run(self) -> None:
         while True:

@@ -93,6 +93,9 @@ class StoreSnapshotFile:
                            "Wall time of the last snapshot written", registry=registry)
         store.subscribe(lambda _changed: self._dirty.set())
 
+    def problems(self) -> tuple[str, ...]:
+        return () if self.problem is None else (self.problem,)
+
     async def load(self) -> int:
         """Merge the snapshot into the store; returns the entries applied (0 for no or a bad file)."""
         try:

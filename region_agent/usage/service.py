@@ -164,6 +164,10 @@ class UsageService:
 
     # --- state --------------------------------------------------------------------------
 
+    def problems(self) -> tuple[str, ...]:
+        status = self.status
+        return () if status.state == "ok" else (f"usage {status.state} ({status.code}): {status.reason}",)
+
     @property
     def status(self) -> UsageStatus:
         if not self.available.is_set():

@@ -174,7 +174,7 @@ async def test_the_agent_checks_its_own_name_server_and_exports_it(tmp_path: Pat
         assert agent.reachability.addresses() == ["127.0.0.1"]
         assert agent.problems() == ()
         last_success = agent.registry.get_sample_value("region_agent_dns_reachability_last_success_timestamp_seconds")
-        assert last_success is not None and last_success > agent.started_at
+        assert last_success is not None and last_success > agent.views.started_at
     finally:
         await agent.stop()
 
@@ -321,7 +321,7 @@ async def test_monitor_exports_the_delegation_state(parent: tuple[str, int]) -> 
     states = {s: registry.get_sample_value("region_agent_dns_delegation", {"state": s})
               for s in ("ok", "partial", "missing", "unknown")}
     assert states == {"ok": 0, "partial": 1, "missing": 0, "unknown": 0}
-    assert monitor.problems() == []  # no transport checked (no addresses): a delegation is not an agent problem
+    assert monitor.problems() == ()  # no transport checked (no addresses): a delegation is not an agent problem
 
 
 async def test_a_round_without_addresses_checks_nothing_and_claims_nothing() -> None:
@@ -330,7 +330,7 @@ async def test_a_round_without_addresses_checks_nothing_and_claims_nothing() -> 
     monitor = ReachabilityMonitor(ReachabilitySettings(port=free_port(), timeout=0.3), zone=ZONE,
                                   own_addresses=lambda: known, expected_ns=lambda: (), registry=registry)
     assert await monitor.check_once() is True
-    assert monitor.transports == [] and monitor.problems() == []
+    assert monitor.transports == [] and monitor.problems() == ()
     assert registry.get_sample_value("region_agent_dns_reachable", {"transport": "udp"}) is None
     assert registry.get_sample_value("region_agent_dns_reachability_last_success_timestamp_seconds") == 0  # never
     known.append("127.0.0.1")  # the region's name-server address arrives in the state: the next round asks it

@@ -62,23 +62,25 @@ async def test_agent_reports_usage_unavailable_until_the_spool_volume_is_fixed(
     )
     agent = Agent(settings)
     await agent.start()
+    usage = agent.usage
+    assert usage is not None
     try:
-        await wait_for(lambda: (agent.usage.status.code == "spool-unavailable"
+        await wait_for(lambda: (usage.status.code == "spool-unavailable"
                                 and (_metric(agent, "region_agent_usage_spool_open_errors_total",
                                              kind="unavailable") or 0) >= 2),
                        timeout=10, message="usage unavailable")
-        assert agent.usage.status.state == "unavailable" and "can not create directory" in agent.usage.status.reason
+        assert usage.status.state == "unavailable" and "can not create directory" in usage.status.reason
         assert any(p.startswith("usage unavailable (spool-unavailable)") for p in agent.problems())
         assert _metric(agent, "region_agent_usage_spool_available") == 0
         start = int(time.time()) - 100  # a pod that ran 42 s while the spool was unavailable
         fake.put(PODS, up(start, name="a", uid="a", node="node-a"))
         fake.put(PODS, down(start + 42, name="a", uid="a", node="node-a"))
-        await wait_for(lambda: agent.usage.journal_events >= 2, timeout=10, message="events journaled")
+        await wait_for(lambda: usage.journal_events >= 2, timeout=10, message="events journaled")
         assert plane.requests == 0
 
         volume.unlink()
         volume.mkdir()  # the operator fixes the mount: no restart
-        await wait_for(lambda: agent.usage.status.state == "ok", timeout=10, message="usage available")
+        await wait_for(lambda: usage.problems() == (), timeout=10, message="usage available")
         assert not any(p.startswith("usage") for p in agent.problems())
         await wait_for(lambda: plane.seconds_by_pod() == {"a": 42}, timeout=10, message="a billed from the journal")
         assert _metric(agent, "region_agent_usage_spool_available") == 1

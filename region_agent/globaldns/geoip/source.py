@@ -566,6 +566,10 @@ class GeoipSource:
 
     # -- status ---------------------------------------------------------------------------
 
+    def problems(self) -> tuple[str, ...]:
+        problem = self.status.problem()
+        return () if problem is None else (problem,)
+
     def _publish(self, status: GeoipStatus) -> None:
         self.status = status
         for state in ("loaded", "missing", "off"):

@@ -1,0 +1,37 @@
+"""The write gate: whether this agent takes control-API writes now.
+
+An agent alone (no gossip) always does. In a cluster it takes them only while it sees a strict
+majority of the known regions alive (:func:`~region_agent.cluster.quorum.has_majority`) *and*
+has heard from a majority within two probe rounds (an ack of our probe, or their ping:
+:func:`~region_agent.cluster.quorum.has_contact_majority`). SWIM takes a suspicion timeout per
+member to declare the others dead; the contact rule closes the gate within about one probe round
+of being cut off, so a minority does not acknowledge writes that a majority never sees.
+
+The window is not stretched by local health: an agent that can not reach the others is exactly
+the one whose health score drops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from region_agent.cluster.quorum import ClusterView, has_contact_majority, has_majority
+from region_agent.gossip.membership import Membership
+
+
+class WriteGate:
+    def __init__(self, view: Callable[[], ClusterView], membership: Membership, now: Callable[[], float]) -> None:
+        """``now``: the membership scheduler's clock (the one ``last_ack`` is kept in)."""
+        self._view = view
+        self._membership = membership
+        self._now = now
+
+    def window(self) -> float:
+        """Two probe rounds: every live member is probed once per round."""
+        c = self._membership.config
+        return 2 * (c.probe_interval * max(1, self._membership.live_count()) + c.probe_timeout)
+
+    def open(self) -> bool:
+        view = self._view()
+        return has_majority(view) and has_contact_majority(view, self._membership.last_ack, self._now(),
+                                                            self.window())
