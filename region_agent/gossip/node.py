@@ -24,7 +24,7 @@ from region_agent.gossip.scheduler import AsyncioScheduler
 from region_agent.gossip.settings import GossipSettings
 from region_agent.gossip.stats import GossipStats
 from region_agent.gossip.sync import AntiEntropy, Replica
-from region_agent.gossip.transport import UdpTransport
+from region_agent.gossip.transport import GossipTransport
 
 logger = logging.getLogger("region_agent.gossip")
 
@@ -46,7 +46,7 @@ class GossipNode:
         self.tls = tls
         self.stats = GossipStats()
         self.config = settings.timings()
-        self.transport: UdpTransport | None = None
+        self.transport: GossipTransport | None = None
         self.membership: Membership | None = None
         self.anti_entropy: AntiEntropy | None = None
         self.user_handlers: list[UserHandler] = []
@@ -59,13 +59,10 @@ class GossipNode:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        kwargs: dict[str, Any] = {"max_stream": self.config.stream_bytes}
-        if self.tls is not None:
-            kwargs["tls"] = self.tls
-        transport = await UdpTransport.start(self.settings.bind_address, self.settings.port, self.keyring,
-                                             self.stats, **kwargs)
         # Peers reach us (and streams name us) at the advertised address, not a wildcard bind.
-        transport.addr = Address(self.settings.advertised, transport.addr.port)
+        transport = await GossipTransport.start(self.settings.bind_address, self.settings.port, self.keyring,
+                                                self.stats, advertised=self.settings.advertised, tls=self.tls,
+                                                max_stream=self.config.stream_bytes)
         self.transport = transport
         local = Member(self.name, self.region, self.node, self.role, transport.addr)
         self.membership = Membership(self.config, local, transport, AsyncioScheduler(), rng=self._rng,

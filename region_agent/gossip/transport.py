@@ -1,5 +1,8 @@
 """The real transport: encrypted UDP datagrams and encrypted one-message TCP streams on one port.
 
+:class:`UdpTransport` carries the datagrams, :class:`StreamTransport` the TCP streams (and their
+TLS); :class:`GossipTransport` binds the two on one port and is what the membership sends with.
+
 Every datagram is sealed by the :class:`~region_agent.gossip.keyring.Keyring` and at most
 ``max_packet`` bytes (1,400: below the internet's path MTU); a bigger one is refused, never
 fragmented. Push-pull messages go over TCP to the same port: one connection per message, framed
@@ -34,6 +37,7 @@ from region_agent.gossip.tls import GossipTls, TlsServerStream
 logger = logging.getLogger("region_agent.gossip")
 
 MAX_PACKET = 1400
+MAX_STREAM = 8 * 1024 * 1024
 STREAM_TIMEOUT = 10.0
 TLS_LOG_INTERVAL = 60.0  # seconds between two warnings about one peer's failed handshakes
 
@@ -42,10 +46,16 @@ class PacketTooLargeError(ValueError):
     """A datagram over the size bound: the caller must split it or use a stream."""
 
 
-class Receiver(Protocol):
+class PacketReceiver(Protocol):
     def receive_packet(self, data: bytes, source: Address) -> None: ...
 
+
+class StreamReceiver(Protocol):
     def receive_stream(self, data: bytes, source: Address) -> None: ...
+
+
+class Receiver(PacketReceiver, StreamReceiver, Protocol):
+    pass
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -61,65 +71,28 @@ class _Datagrams(asyncio.DatagramProtocol):
 
 
 class UdpTransport:
-    """Bind with :meth:`start`, hand it to a Membership, then :meth:`attach` the membership."""
+    """Sealed datagrams of at most ``max_packet`` bytes on a bound UDP socket (:meth:`open`)."""
 
-    def __init__(self, addr: Address, keyring: Keyring, stats: GossipStats, *, max_packet: int = MAX_PACKET,
-                 max_stream: int = 8 * 1024 * 1024, tls: GossipTls | None = None) -> None:
+    def __init__(self, addr: Address, keyring: Keyring, stats: GossipStats, *, max_packet: int = MAX_PACKET) -> None:
         self.addr = addr
-        self.tls = tls
-        self._tls_logged: dict[str, float] = {}
         self.keyring = keyring
         self.stats = stats
         self.max_packet = max_packet
-        self.max_stream = max_stream
         self.overhead = OVERHEAD
-        self._receiver: Receiver | None = None
+        self._receiver: PacketReceiver | None = None
         self._udp: asyncio.DatagramTransport | None = None
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
-    @classmethod
-    async def start(cls, host: str, port: int, keyring: Keyring, stats: GossipStats, *, tls: GossipTls | None = None,
-                    **kwargs: Any) -> UdpTransport:
-        """Listen for UDP and TCP on ``host:port``; port 0 picks one that is free for both.
-
-        With ``tls`` the TCP streams, both ways, run under mutual TLS (see :mod:`region_agent.gossip.tls`).
-        """
-        kwargs["tls"] = tls
+    async def open(self, sock: socket.socket) -> None:
+        """Send and receive on ``sock``, already bound to :attr:`addr`'s port."""
         loop = asyncio.get_running_loop()
-        for _ in range(20):
-            udp_sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
-            udp_sock.bind((host, port))
-            chosen = udp_sock.getsockname()[1]
-            self = cls(Address(host, chosen), keyring, stats, **kwargs)
-            try:
-                self._server = await asyncio.start_server(self._on_connection, host, chosen, reuse_address=True)
-            except OSError:
-                udp_sock.close()
-                if port:
-                    raise
-                continue  # the TCP side of that port is taken: try another
-            udp, _ = await loop.create_datagram_endpoint(functools.partial(_Datagrams, self), sock=udp_sock)
-            self._udp = udp
-            return self
-        raise OSError(f"no port free for both UDP and TCP on {host}")
+        self._udp, _ = await loop.create_datagram_endpoint(functools.partial(_Datagrams, self), sock=sock)
 
-    def attach(self, receiver: Receiver) -> None:
+    def attach(self, receiver: PacketReceiver) -> None:
         self._receiver = receiver
 
-    async def close(self) -> None:
+    def close(self) -> None:
         if self._udp is not None:
             self._udp.close()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    # --- datagrams ------------------------------------------------------------------------------
 
     def send_packet(self, addr: Address, data: bytes) -> None:
         sealed = self.keyring.encrypt(data)
@@ -144,7 +117,39 @@ class UdpTransport:
         if self._receiver is not None:
             self._receiver.receive_packet(plain, source)
 
-    # --- streams --------------------------------------------------------------------------------
+
+class StreamTransport:
+    """One-message TCP streams, under mutual TLS with ``tls``: a listener (:meth:`listen`) and
+    :meth:`send_stream`, each message naming ``addr`` as its sender."""
+
+    def __init__(self, addr: Address, keyring: Keyring, stats: GossipStats, *, max_stream: int = MAX_STREAM,
+                 tls: GossipTls | None = None) -> None:
+        self.addr = addr
+        self.keyring = keyring
+        self.stats = stats
+        self.max_stream = max_stream
+        self.tls = tls
+        self._tls_logged: dict[str, float] = {}
+        self._receiver: StreamReceiver | None = None
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def listen(self, host: str, port: int) -> None:
+        """Accept streams on ``host:port``; raises ``OSError`` when the port is taken."""
+        self._server = await asyncio.start_server(self._on_connection, host, port, reuse_address=True)
+
+    def attach(self, receiver: StreamReceiver) -> None:
+        self._receiver = receiver
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def send_stream(self, addr: Address, data: bytes) -> None:
         host = self.addr.host.encode()
@@ -235,3 +240,58 @@ class UdpTransport:
             return
         if self._receiver is not None:
             self._receiver.receive_stream(plain[3 + length:], source)
+
+
+class GossipTransport:
+    """Datagrams and streams on one port; bind with :meth:`start`, hand it to a Membership, then
+    :meth:`attach` the membership."""
+
+    def __init__(self, packets: UdpTransport, streams: StreamTransport) -> None:
+        self.packets = packets
+        self.streams = streams
+        self.addr = streams.addr  # the advertised address: what peers reach and streams name us by
+        self.keyring = packets.keyring
+        self.stats = packets.stats
+        self.overhead = packets.overhead
+
+    @classmethod
+    async def start(cls, host: str, port: int, keyring: Keyring, stats: GossipStats, *, advertised: str | None = None,
+                    tls: GossipTls | None = None, max_packet: int = MAX_PACKET,
+                    max_stream: int = MAX_STREAM) -> GossipTransport:
+        """Listen for UDP and TCP on ``host:port``; port 0 picks one that is free for both.
+
+        ``advertised`` (default ``host``) is the host peers reach this agent at, which each stream
+        names as its sender. With ``tls`` the TCP streams, both ways, run under mutual TLS (see
+        :mod:`region_agent.gossip.tls`).
+        """
+        for _ in range(20):
+            udp_sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+            udp_sock.bind((host, port))
+            chosen = udp_sock.getsockname()[1]
+            streams = StreamTransport(Address(advertised or host, chosen), keyring, stats, max_stream=max_stream,
+                                      tls=tls)
+            try:
+                await streams.listen(host, chosen)
+            except OSError:
+                udp_sock.close()
+                if port:
+                    raise
+                continue  # the TCP side of that port is taken: try another
+            packets = UdpTransport(Address(host, chosen), keyring, stats, max_packet=max_packet)
+            await packets.open(udp_sock)
+            return cls(packets, streams)
+        raise OSError(f"no port free for both UDP and TCP on {host}")
+
+    def attach(self, receiver: Receiver) -> None:
+        self.packets.attach(receiver)
+        self.streams.attach(receiver)
+
+    def send_packet(self, addr: Address, data: bytes) -> None:
+        self.packets.send_packet(addr, data)
+
+    def send_stream(self, addr: Address, data: bytes) -> None:
+        self.streams.send_stream(addr, data)
+
+    async def close(self) -> None:
+        self.packets.close()
+        await self.streams.close()

@@ -24,7 +24,7 @@ from region_agent.gossip.keyfile import (
 from region_agent.gossip.keyring import Keyring, encode_key
 from region_agent.gossip.messages import Address
 from region_agent.gossip.stats import GossipStats
-from region_agent.gossip.transport import UdpTransport
+from region_agent.gossip.transport import GossipTransport
 from tests.conftest import wait_for
 
 K1, K2, K3 = b"1" * 32, b"2" * 16, b"3" * 24
@@ -149,7 +149,7 @@ async def test_rotation_through_files_loses_no_datagram(tmp_path: Path) -> None:
         save_keyring(path, Keyring(K1))
     rings = [load_keyring(path) for path in files]
     watchers = [KeyringWatcher(path, ring, poll=0.02) for path, ring in zip(files, rings, strict=True)]
-    transports = [await UdpTransport.start(f"127.0.0.{i + 2}", 0, rings[i], GossipStats()) for i in range(2)]
+    transports = [await GossipTransport.start(f"127.0.0.{i + 2}", 0, rings[i], GossipStats()) for i in range(2)]
     counters = [Counter(), Counter()]
     for transport, counter in zip(transports, counters, strict=True):
         transport.attach(counter)

@@ -21,7 +21,7 @@ from region_agent.gossip.keyring import Keyring
 from region_agent.gossip.messages import Address
 from region_agent.gossip.stats import GossipStats
 from region_agent.gossip.tls import GossipTls, TlsConfigError
-from region_agent.gossip.transport import UdpTransport
+from region_agent.gossip.transport import GossipTransport
 from tests.conftest import wait_for
 
 KEY = b"k" * 32
@@ -55,7 +55,7 @@ class Pki:
         return GossipTls.from_files(*self.files(name, ip), **kwargs)
 
 
-Start = Callable[..., Coroutine[Any, Any, tuple[UdpTransport, Recorder]]]
+Start = Callable[..., Coroutine[Any, Any, tuple[GossipTransport, Recorder]]]
 
 
 @pytest.fixture
@@ -70,10 +70,10 @@ def other_pki(tmp_path: Path) -> Pki:
 
 @pytest.fixture
 async def start() -> AsyncIterator[Start]:
-    started: list[UdpTransport] = []
+    started: list[GossipTransport] = []
 
-    async def start_one(host: str, tls: GossipTls | None) -> tuple[UdpTransport, Recorder]:
-        transport = await UdpTransport.start(host, 0, Keyring(KEY), GossipStats(), tls=tls)
+    async def start_one(host: str, tls: GossipTls | None) -> tuple[GossipTransport, Recorder]:
+        transport = await GossipTransport.start(host, 0, Keyring(KEY), GossipStats(), tls=tls)
         recorder = Recorder()
         transport.attach(recorder)
         started.append(transport)
@@ -84,8 +84,8 @@ async def start() -> AsyncIterator[Start]:
         await transport.close()
 
 
-def frame(sender: UdpTransport, payload: bytes) -> bytes:
-    """A stream frame as ``UdpTransport.send_stream`` builds it (to send over a hand-made connection)."""
+def frame(sender: GossipTransport, payload: bytes) -> bytes:
+    """A stream frame as ``StreamTransport.send_stream`` builds it (to send over a hand-made connection)."""
     host = sender.addr.host.encode()
     sealed = sender.keyring.encrypt(bytes([len(host)]) + host + struct.pack(">H", sender.addr.port) + payload)
     return struct.pack(">I", len(sealed)) + sealed
@@ -217,10 +217,10 @@ def test_on_both_event_loops(loop: str, pki: Pki, other_pki: Pki) -> None:
     """The agent runs on uvloop: delivery and every rejection there too, with many streams at once."""
     async def scenario() -> None:
         keyring = Keyring(KEY)
-        a = await UdpTransport.start("127.0.0.2", 0, keyring, GossipStats(), tls=pki.tls("a", "127.0.0.2"))
-        b = await UdpTransport.start("127.0.0.3", 0, keyring, GossipStats(), tls=pki.tls("b", "127.0.0.3"))
-        c = await UdpTransport.start("127.0.0.4", 0, keyring, GossipStats(), tls=other_pki.tls("c", "127.0.0.4"))
-        plain = await UdpTransport.start("127.0.0.5", 0, keyring, GossipStats())
+        a = await GossipTransport.start("127.0.0.2", 0, keyring, GossipStats(), tls=pki.tls("a", "127.0.0.2"))
+        b = await GossipTransport.start("127.0.0.3", 0, keyring, GossipStats(), tls=pki.tls("b", "127.0.0.3"))
+        c = await GossipTransport.start("127.0.0.4", 0, keyring, GossipStats(), tls=other_pki.tls("c", "127.0.0.4"))
+        plain = await GossipTransport.start("127.0.0.5", 0, keyring, GossipStats())
         got_a, got_b = Recorder(), Recorder()
         a.attach(got_a)
         b.attach(got_b)

@@ -14,20 +14,20 @@ from region_agent.gossip.membership import Membership
 from region_agent.gossip.messages import Address, Member, Ping, Role, State, encode
 from region_agent.gossip.scheduler import AsyncioScheduler
 from region_agent.gossip.stats import GossipStats
-from region_agent.gossip.transport import PacketTooLargeError, UdpTransport
+from region_agent.gossip.transport import GossipTransport, PacketTooLargeError
 from tests.conftest import wait_for
 
 KEY = b"k" * 32
-Start = Callable[..., Coroutine[Any, Any, tuple[Membership, UdpTransport]]]
+Start = Callable[..., Coroutine[Any, Any, tuple[Membership, GossipTransport]]]
 
 
 @pytest.fixture
 async def start() -> AsyncIterator[Start]:
-    started: list[tuple[Membership, UdpTransport]] = []
+    started: list[tuple[Membership, GossipTransport]] = []
 
-    async def start_one(i: int, keyring: Keyring | None = None) -> tuple[Membership, UdpTransport]:
+    async def start_one(i: int, keyring: Keyring | None = None) -> tuple[Membership, GossipTransport]:
         stats = GossipStats()
-        transport = await UdpTransport.start(f"127.0.0.{i + 2}", 0, keyring or Keyring(KEY), stats)
+        transport = await GossipTransport.start(f"127.0.0.{i + 2}", 0, keyring or Keyring(KEY), stats)
         member = Member(f"sfo1/n{i}", "sfo1", f"n{i}", Role.AGENT, transport.addr)
         node = Membership(lan(), member, transport, AsyncioScheduler(), rng=random.Random(i), stats=stats)
         transport.attach(node)
@@ -108,3 +108,33 @@ async def test_oversized_datagram_refused(start: Start) -> None:
     with pytest.raises(PacketTooLargeError):
         transport.send_packet(Address("127.0.0.3", 9), bytes(1400))
     transport.send_packet(Address("127.0.0.3", 9), encode(Ping(1, "sfo1/a", "sfo1/b")))
+
+
+class _Heard:
+    def __init__(self) -> None:
+        self.packets: list[tuple[bytes, Address]] = []
+        self.streams: list[tuple[bytes, Address]] = []
+
+    def receive_packet(self, data: bytes, source: Address) -> None:
+        self.packets.append((data, source))
+
+    def receive_stream(self, data: bytes, source: Address) -> None:
+        self.streams.append((data, source))
+
+
+async def test_datagrams_and_streams_share_the_port_and_streams_name_the_advertised_address() -> None:
+    a = await GossipTransport.start("127.0.0.2", 0, Keyring(KEY), GossipStats(), advertised="127.0.0.9")
+    b = await GossipTransport.start("127.0.0.3", 0, Keyring(KEY), GossipStats())
+    heard = _Heard()
+    b.attach(heard)
+    try:
+        assert a.addr == Address("127.0.0.9", a.packets.addr.port) == a.streams.addr
+        assert a.packets.addr == Address("127.0.0.2", a.addr.port)  # bound here, advertised there
+        a.send_packet(b.addr, b"datagram")
+        a.send_stream(b.addr, b"stream")
+        await wait_for(lambda: heard.packets and heard.streams, timeout=5, message="both delivered")
+        assert heard.packets == [(b"datagram", Address("127.0.0.2", a.addr.port))]  # UDP: the socket's source
+        assert heard.streams == [(b"stream", a.addr)]  # TCP: the sender named inside the frame
+    finally:
+        await a.close()
+        await b.close()
