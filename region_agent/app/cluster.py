@@ -138,12 +138,7 @@ class ClusterParts:
     # --- views ---------------------------------------------------------------------------------
 
     def problems(self) -> tuple[str, ...]:
-        found = []
-        if self.keyring_watcher.problem is not None:
-            found.append(f"gossip keyring file refused, keeping the current keys: {self.keyring_watcher.problem}")
-        if self.tls is not None and self.tls.problem is not None:
-            found.append(f"gossip TLS files refused, keeping the current certificates: {self.tls.problem}")
-        return tuple(found)
+        return self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())
 
     def member_rows(self) -> list[MemberRow]:
         """The members as rows, ``since`` as wall time (the control API shows them to people)."""

@@ -112,11 +112,12 @@ class Agent:
         self.zone_document = ZoneDocument(zone=settings.dns.zone, store=self.store, dns=self.dns, ready=self.ready)
         # The control API on the operator listener: closed (401) without the operator token file.
         token_file = settings.health.operator_token_file
+        token = BearerToken(token_file) if token_file else None
         self.control = ControlAPI(store=self.store, node=settings.node, region=settings.region,
                                   members=lambda: [] if self.cluster is None else self.cluster.member_rows(),
                                   has_majority=self.has_majority,
                                   digests=lambda: {} if self.cluster is None else self.cluster.peer_digests(),
-                                  token=BearerToken(token_file) if token_file else None,
+                                  token=token,
                                   zone=self.zone_document.describe)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": Document(self.zone_document.describe,
@@ -125,11 +126,9 @@ class Agent:
         self.views = RegionViews(region=settings.region, zone=settings.dns.zone, store=self.store, dns=self.dns,
                                  health=self.health, problems=self.problems_registry,
                                  reachability=self.reachability, ready=self.ready, draining=self._stop)
-        zone_watcher = None if self.zone_file is None else self.zone_file.watcher
         self.problems_registry.register(
-            self.tasks, self.checker, _Problem(zone_watcher, "zone file refused, serving the previous zone"),
-            self.reachability, self.dns.geoip, self.state_file,
-            _Problem(self.dns.tsig_keys, "TSIG keys file refused, keeping the current keys"))
+            self.tasks, self.checker, None if self.zone_file is None else self.zone_file.watcher, self.reachability,
+            self.dns.geoip, self.state_file, self.dns.tsig_keys, token)
         self.store.subscribe(self._on_state_change)
 
     def _on_state_change(self, changes: list[Entry]) -> None:
@@ -317,14 +316,3 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
-
-class _Problem:
-    """A component that reports one ``problem`` attribute, as :class:`~region_agent.base.problems.HasProblems`."""
-
-    def __init__(self, source: Any, prefix: str) -> None:
-        self._source = source
-        self._prefix = prefix
-
-    def problems(self) -> tuple[str, ...]:
-        problem = None if self._source is None else self._source.problem
-        return () if problem is None else (f"{self._prefix}: {problem}",)
