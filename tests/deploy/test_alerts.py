@@ -8,8 +8,6 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
-import dns.message
 import dns.rcode
 import pytest
 import yaml
@@ -17,6 +15,7 @@ import yaml
 from region_agent.app.settings import AgentSettings
 from region_agent.app.supervisor import Agent
 from tests.conftest import wait_for
+from tests.fakes.dns_client import ask
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus"
@@ -87,7 +86,7 @@ async def test_promtool_accepts_a_real_metrics_scrape(tmp_path: Path) -> None:
         await wait_for(agent.ready.is_set, timeout=10, message="ready")
         port = agent.dns.server.bound[0][1]
         for name, rcode in (("shop.g.example.com", dns.rcode.NOERROR), ("example.org", dns.rcode.REFUSED)):
-            response = await dns.asyncquery.udp(dns.message.make_query(name, "A"), "127.0.0.1", port=port, timeout=2)
+            response = await ask(port, name)
             assert response.rcode() == rcode
         operator = "http://{}:{}/metrics".format(*agent.health.operator.addresses[0])
         async with aiohttp.ClientSession() as http, http.get(operator) as answer:

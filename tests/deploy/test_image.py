@@ -19,11 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
-import dns.message
 import pytest
 
 from tests.conftest import wait_for
+from tests.fakes.dns_client import answers
 from tests.fakes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,12 +110,7 @@ async def _readyz(port: int) -> tuple[int, str]:
 
 
 async def _answers(port: int) -> set[str]:
-    try:
-        response = await dns.asyncquery.udp(dns.message.make_query("shop.g.example.com", "A"), "127.0.0.1",
-                                            port=port, timeout=0.5)
-    except (TimeoutError, OSError):
-        return set()
-    return {r.to_text() for rrset in response.answer for r in rrset}
+    return await answers(port, "shop.g.example.com", timeout=0.5) or set()
 
 
 async def test_the_image_builds_answers_and_drains_on_sigterm(podman: Podman, tmp_path: Path) -> None:

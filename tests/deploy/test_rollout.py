@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
 import dns.exception
-import dns.message
 import dns.rcode
 
 from tests.conftest import wait_for
+from tests.fakes.dns_client import ask, rdata_texts
 from tests.fakes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,13 +97,12 @@ class Balancer:
         self.turn += 1
         backend = self.ready[self.turn % len(self.ready)]
         try:
-            response = await dns.asyncquery.udp(dns.message.make_query("shop.g.example.com", "A"), "127.0.0.1",
-                                                port=backend.dns_port, timeout=1.0)
+            response = await ask(backend.dns_port, "shop.g.example.com", timeout=1.0)
         except (dns.exception.Timeout, OSError) as exc:
             return f"{backend.name}: {exc!r}"
         if response.rcode() != dns.rcode.NOERROR:
             return f"{backend.name}: {dns.rcode.to_text(response.rcode())}"
-        return " ".join(sorted(r.to_text() for rrset in response.answer for r in rrset))
+        return " ".join(sorted(rdata_texts(response)))
 
 
 async def _restart(backend: Backend, balancer: Balancer) -> None:

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
 import dns.message
-import dns.rdatatype
 
 from region_agent.demo.fake_copy import HealthEndpoint
+from tests.fakes.dns_client import answers, try_ask
 from tests.fakes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,17 +80,10 @@ class Agent:
                 self.process.wait(timeout=5)
 
     async def query(self, name: str, rdtype: str = "A") -> dns.message.Message | None:
-        try:
-            return await dns.asyncquery.udp(dns.message.make_query(name, rdtype), self.host, port=self.dns_port,
-                                            timeout=0.5)
-        except (TimeoutError, OSError, dns.exception.DNSException):
-            return None
+        return await try_ask(self.dns_port, name, rdtype, host=self.host, timeout=0.5)
 
     async def answer(self, name: str, rdtype: str = "A") -> set[str] | None:
-        response = await self.query(name, rdtype)
-        if response is None:
-            return None
-        return {r.to_text() for rrset in response.answer for r in rrset}
+        return await answers(self.dns_port, name, rdtype, host=self.host, timeout=0.5)
 
     async def serial(self) -> int | None:
         response = await self.query(APEX, "SOA")

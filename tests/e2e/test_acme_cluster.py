@@ -13,12 +13,11 @@ import base64
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
-import dns.asyncquery
 import dns.message
 import dns.rcode
 import dns.tsig
-import dns.tsigkeyring
 import dns.update
 import pytest
 
@@ -26,8 +25,10 @@ from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
 from tests.e2e.cluster import APEX, Agent, gather_answers
 from tests.e2e.fleet import Fleet, Tsig, copy_address
+from tests.fakes.dns_client import TsigKey, ask, signed, try_ask, txt_update, txt_values
 
 KEY = Tsig("cert-manager", "hmac-md5", base64.b64encode(b"cluster-acme-secret-0123456789ab").decode())
+CM_KEY = TsigKey(KEY.name, KEY.secret, dns.tsig.HMAC_MD5)  # the same key, as dnspython names the algorithm
 CHALLENGE = f"_acme-challenge.{APEX}."
 MIXED_CASE = "_ACME-Challenge.G.Example.COM."   # what a resolver using 0x20 might send
 ALL = {copy_address(0), copy_address(1), copy_address(2)}
@@ -52,17 +53,11 @@ async def _everywhere(agents: list[Agent], name: str, expected: set[str]) -> boo
 
 
 async def _txt(agent: Agent, name: str = CHALLENGE) -> dns.message.Message | None:
-    try:
-        return await dns.asyncquery.udp(dns.message.make_query(name, "TXT"), agent.host, port=agent.dns_port,
-                                        timeout=1)
-    except (TimeoutError, OSError, dns.exception.DNSException):
-        return None
+    return await try_ask(agent.dns_port, name, "TXT", host=agent.host, timeout=1)
 
 
 def _values(response: dns.message.Message | None) -> set[str] | None:
-    if response is None:
-        return None
-    return {b"".join(r.strings).decode() for rrset in response.answer for r in rrset}
+    return None if response is None else txt_values(response)
 
 
 async def _all_answer(agents: list[Agent], values: set[str]) -> bool:
@@ -75,21 +70,14 @@ async def _gone_everywhere(agents: list[Agent]) -> bool:
     return all(r is not None and r.rcode() == dns.rcode.NXDOMAIN and not r.answer for r in responses)
 
 
-def _cert_manager(action: str, value: str) -> dns.update.UpdateMessage:
+def _cert_manager(action: Literal["add", "delete"], value: str) -> dns.update.UpdateMessage:
     """As cert-manager's RFC 2136 solver builds it (PLATFORM.md §4.1): add with TTL 60, delete-RR with
     class NONE, HMAC-MD5, fudge 300."""
-    update = dns.update.UpdateMessage(APEX)
-    if action == "add":
-        update.add(CHALLENGE, 60, "TXT", f'"{value}"')
-    else:
-        update.delete(CHALLENGE, "TXT", f'"{value}"')
-    update.use_tsig(dns.tsigkeyring.from_text({KEY.name: (dns.tsig.HMAC_MD5, KEY.secret)}), keyname=KEY.name,
-                    fudge=300, algorithm=dns.tsig.HMAC_MD5)
-    return update
+    return signed(txt_update(APEX, CHALLENGE, action, value), CM_KEY, fudge=300)
 
 
 async def _send(agent: Agent, update: dns.update.UpdateMessage) -> None:
-    response = await dns.asyncquery.udp(update, agent.host, port=agent.dns_port, timeout=2)
+    response = await ask(agent.dns_port, update, host=agent.host)
     assert response.rcode() == dns.rcode.NOERROR and response.had_tsig, response
 
 

@@ -12,21 +12,19 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 from unittest import mock
 
-import dns.asyncquery
-import dns.message
 import dns.name
 import dns.rcode
-import dns.rdatatype
 import dns.tsig
-import dns.tsigkeyring
 import dns.update
 import pytest
 
 from region_agent.app.settings import AgentSettings
 from region_agent.app.supervisor import Agent
 from tests.conftest import wait_for
+from tests.fakes.dns_client import TsigKey, ask, signed, txt_update, txt_values
 
 ZONE = "g.example.com"
 SECRET = base64.b64encode(b"cert-manager-secret-0123456789ab").decode()
@@ -59,11 +57,8 @@ def _port(agent: Agent) -> int:
 
 
 async def _txt(agent: Agent, name: str = CHALLENGE, *, tcp: bool = False) -> tuple[int, set[str]]:
-    query = dns.message.make_query(name, "TXT")
-    send = dns.asyncquery.tcp if tcp else dns.asyncquery.udp
-    response = await send(query, "127.0.0.1", port=_port(agent), timeout=2)
-    values = {b"".join(r.strings).decode() for rrset in response.answer for r in rrset}
-    return response.rcode(), values
+    response = await ask(_port(agent), name, "TXT", tcp=tcp)
+    return response.rcode(), txt_values(response)
 
 
 async def _run(*argv: str, stdin: str = "") -> tuple[int, str]:
@@ -105,46 +100,21 @@ async def test_nsupdate_adds_and_deletes_a_challenge_that_dig_then_sees(agent: A
     assert (code != 0 and "NOTAUTH" in out) or "BADSIG" in out or "tsig" in out.lower(), out
 
 
-async def _exchange(wire: bytes, port: int) -> dns.message.Message:
-    """Send exactly these bytes over UDP; the reply is read without checking its TSIG."""
-    loop = asyncio.get_running_loop()
-    reply: asyncio.Future[bytes] = loop.create_future()
-
-    class Client(asyncio.DatagramProtocol):
-        def datagram_received(self, data: bytes, addr: object) -> None:
-            if not reply.done():
-                reply.set_result(data)
-
-    transport, _ = await loop.create_datagram_endpoint(Client, remote_addr=("127.0.0.1", port))
-    try:
-        transport.sendto(wire)
-        return dns.message.from_wire(await asyncio.wait_for(reply, 2), keyring=False)
-    finally:
-        transport.close()
-
-
-def _cert_manager_update(action: str, value: str) -> dns.update.UpdateMessage:
+def _cert_manager_update(action: Literal["add", "delete"], value: str) -> dns.update.UpdateMessage:
     """As cert-manager's RFC 2136 solver builds it (PLATFORM.md §4.1): TTL 60 add, class NONE delete, MD5."""
-    update = dns.update.UpdateMessage(ZONE)
-    if action == "add":
-        update.add(CHALLENGE, 60, "TXT", f'"{value}"')
-    else:
-        update.delete(CHALLENGE, "TXT", f'"{value}"')
-    keyring = dns.tsigkeyring.from_text({"cm-md5": (dns.tsig.HMAC_MD5, MD5_SECRET)})
-    update.use_tsig(keyring, keyname="cm-md5", fudge=300, algorithm=dns.tsig.HMAC_MD5)
-    return update
+    return signed(txt_update(ZONE, CHALLENGE, action, value), TsigKey("cm-md5", MD5_SECRET, dns.tsig.HMAC_MD5),
+                  fudge=300)
 
 
 @pytest.mark.parametrize("tcp", [False, True])
 async def test_cert_manager_present_and_cleanup_keep_the_other_value(agent: Agent, tcp: bool) -> None:
-    send = dns.asyncquery.tcp if tcp else dns.asyncquery.udp
     for value in ("apex-token", "wildcard-token"):
-        response = await send(_cert_manager_update("add", value), "127.0.0.1", port=_port(agent), timeout=2)
+        response = await ask(_port(agent), _cert_manager_update("add", value), tcp=tcp)
         assert response.rcode() == dns.rcode.NOERROR and response.had_tsig
     async def both() -> bool:
         return (await _txt(agent, tcp=tcp))[1] == {"apex-token", "wildcard-token"}
     await wait_for(both, message="both values answered")
-    response = await send(_cert_manager_update("delete", "apex-token"), "127.0.0.1", port=_port(agent), timeout=2)
+    response = await ask(_port(agent), _cert_manager_update("delete", "apex-token"), tcp=tcp)
     assert response.rcode() == dns.rcode.NOERROR
 
     async def one_left() -> bool:
@@ -154,8 +124,7 @@ async def test_cert_manager_present_and_cleanup_keep_the_other_value(agent: Agen
 
 def _signed(update: dns.update.UpdateMessage, name: str = "acme-key", secret: str = SECRET,
             algorithm: dns.name.Name = dns.tsig.HMAC_SHA256) -> dns.update.UpdateMessage:
-    update.use_tsig(dns.tsigkeyring.from_text({name: (algorithm, secret)}), keyname=name, algorithm=algorithm)
-    return update
+    return signed(update, TsigKey(name, secret, algorithm))
 
 
 def _adding(name: str = CHALLENGE, rdtype: str = "TXT", value: str = '"v"', count: int = 1) -> dns.update.UpdateMessage:
@@ -187,7 +156,7 @@ async def test_refusals_change_nothing(agent: Agent) -> None:
     ]
     for what, message, rcode in cases:
         wire = message if isinstance(message, bytes) else message.to_wire()
-        response = await _exchange(wire, port)
+        response = await ask(port, wire)  # exactly these bytes; the reply is read without checking its TSIG
         assert response.rcode() == rcode, what
         assert agent.store.digest() == digest, what
     assert agent.registry.get_sample_value("region_agent_dns_tsig_failures_total", {"error": "badsig"}) == 1

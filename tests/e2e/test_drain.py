@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
-import dns.message
 
 from tests.conftest import wait_for
+from tests.fakes.dns_client import answers
 from tests.fakes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,12 +59,7 @@ async def _readyz(port: int) -> tuple[int, str]:
 
 
 async def _answers(port: int) -> set[str]:
-    try:
-        response = await dns.asyncquery.udp(dns.message.make_query("shop.g.example.com", "A"), "127.0.0.1",
-                                            port=port, timeout=0.5)
-    except (TimeoutError, OSError):
-        return set()
-    return {r.to_text() for rrset in response.answer for r in rrset}
+    return await answers(port, "shop.g.example.com", timeout=0.5) or set()
 
 
 async def test_sigterm_drains_then_exits(tmp_path: Path) -> None:

@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
-import dns.message
 import pytest
 from prometheus_client.exposition import generate_latest
 
@@ -22,6 +20,7 @@ from region_agent.demo.fake_copy import HealthEndpoint
 from region_agent.kube.resources import KNATIVE_SERVICES, PODS
 from tests.conftest import wait_for
 from tests.fakes.control_plane import FakeControlPlane
+from tests.fakes.dns_client import ask, rdata_texts
 from tests.fakes.kube_api import FakeKubeApi
 from tests.fakes.kube_objects import knative_service, pod
 
@@ -87,10 +86,7 @@ async def world(
 
 
 async def _answer(agent: Agent) -> set[str]:
-    port = agent.dns.server.bound[0][1]
-    response = await dns.asyncquery.udp(dns.message.make_query("shop.g.example.com", "A"), "127.0.0.1", port=port,
-                                        timeout=2)
-    return {r.to_text() for rrset in response.answer for r in rrset}
+    return rdata_texts(await ask(agent.dns.server.bound[0][1], "shop.g.example.com"))
 
 
 async def _global_health(agent: Agent) -> tuple[int, str]:

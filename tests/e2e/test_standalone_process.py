@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
-import dns.message
 import pytest
 
 from region_agent.demo.fake_copy import HealthEndpoint
 from tests.conftest import wait_for
+from tests.fakes.dns_client import answers
 from tests.fakes.ports import free_port
 
 ZONE = """
@@ -75,12 +74,7 @@ health: {{listen_addresses: [127.0.0.1], port: {http_port}, operator_port: {oper
 
 
 async def _answer(agent: Running, name: str = "shop.g.example.com") -> set[str] | None:
-    try:
-        response = await dns.asyncquery.udp(dns.message.make_query(name, "A"), "127.0.0.1", port=agent.dns_port,
-                                            timeout=0.5)
-    except (TimeoutError, OSError):
-        return None
-    return {r.to_text() for rrset in response.answer for r in rrset}
+    return await answers(agent.dns_port, name, timeout=0.5)
 
 
 async def _get(agent: Running, path: str) -> tuple[int, str]:

@@ -1,28 +1,26 @@
 """TSIG keys from a mounted file rotate without a restart (dns.acme.tsig_keys_file, re-read when it changes).
 
-A running agent on loopback ports; UPDATEs go over UDP as cert-manager sends them. The file is
-replaced the way a Kubernetes Secret volume does it (a new file renamed over the old one).
+A running agent on loopback ports; UPDATEs go over UDP as cert-manager sends them, as exact bytes
+whose answers are read without checking their TSIG (the outcome is in the TSIG's error field).
+The file is replaced the way a Kubernetes Secret volume does it (a new file renamed over the old one).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import dns.message
-import dns.name
 import dns.rcode
 import dns.tsig
-import dns.tsigkeyring
-import dns.update
 import pytest
 
 from region_agent.app.settings import AgentSettings
 from region_agent.app.supervisor import Agent
 from tests.conftest import wait_for
+from tests.fakes.dns_client import TsigKey, ask, signed, txt_update
 
 ZONE = "g.example.com"
 CHALLENGE = f"_acme-challenge.{ZONE}."
@@ -63,31 +61,9 @@ async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
         await running.stop()
 
 
-async def _exchange(wire: bytes, port: int) -> dns.message.Message:
-    """Send these bytes over UDP; the reply is read without checking its TSIG."""
-    loop = asyncio.get_running_loop()
-    reply: asyncio.Future[bytes] = loop.create_future()
-
-    class Client(asyncio.DatagramProtocol):
-        def datagram_received(self, data: bytes, addr: object) -> None:
-            if not reply.done():
-                reply.set_result(data)
-
-    transport, _ = await loop.create_datagram_endpoint(Client, remote_addr=("127.0.0.1", port))
-    try:
-        transport.sendto(wire)
-        return dns.message.from_wire(await asyncio.wait_for(reply, 2), keyring=False)
-    finally:
-        transport.close()
-
-
 def _update(name: str, secret: str, value: str) -> bytes:
     """cert-manager's Present: add the TXT with TTL 60, signed."""
-    update = dns.update.UpdateMessage(ZONE)
-    update.add(CHALLENGE, 60, "TXT", f'"{value}"')
-    update.use_tsig(dns.tsigkeyring.from_text({name: (dns.tsig.HMAC_SHA256, secret)}), keyname=name,
-                    algorithm=dns.tsig.HMAC_SHA256)
-    return update.to_wire()
+    return signed(txt_update(ZONE, CHALLENGE, "add", value), TsigKey(name, secret, dns.tsig.HMAC_SHA256)).to_wire()
 
 
 TSIG_ERRORS = {0: "NOERROR", 16: "BADSIG", 17: "BADKEY", 18: "BADTIME"}  # 16 is BADVERS as an rcode
@@ -108,24 +84,24 @@ async def test_a_new_key_is_accepted_without_a_restart_and_a_removed_one_refused
     port = agent.dns.server.bound[0][1]
     with_new = _update("new", NEW, "by-new")
     digest = agent.store.digest()
-    assert _outcome(await _exchange(with_new, port)) == ("NOTAUTH", "BADKEY")
+    assert _outcome(await ask(port, with_new)) == ("NOTAUTH", "BADKEY")
     assert agent.store.digest() == digest  # refused: nothing changed
 
     _replace(keys, _keys(old=OLD, new=NEW))  # install: both keys verify
     assert agent.dns.tsig_keys is not None
     await wait_for(lambda: len(agent.dns.acme.config.keyring) == 2 if agent.dns.acme else False,
                    message="the new key in use")
-    assert _outcome(await _exchange(with_new, port)) == ("NOERROR", "NOERROR")  # the same UPDATE, signed back
+    assert _outcome(await ask(port, with_new)) == ("NOERROR", "NOERROR")  # the same UPDATE, signed back
     assert set(agent.store.challenges.get(CHALLENGE, {})) != set()
-    assert _outcome(await _exchange(_update("old", OLD, "by-old"), port)) == ("NOERROR", "NOERROR")
+    assert _outcome(await ask(port, _update("old", OLD, "by-old"))) == ("NOERROR", "NOERROR")
     assert agent.registry.get_sample_value("region_agent_dns_tsig_keys") == 2
     assert agent.registry.get_sample_value("region_agent_dns_tsig_keys_file_reloads_total") == 1
 
     _replace(keys, _keys(new=NEW))  # remove the old key
     await wait_for(lambda: agent.registry.get_sample_value("region_agent_dns_tsig_keys") == 1,
                    message="the old key removed")
-    assert _outcome(await _exchange(_update("old", OLD, "old-again"), port)) == ("NOTAUTH", "BADKEY")
-    assert _outcome(await _exchange(_update("new", NEW, "new-again"), port)) == ("NOERROR", "NOERROR")
+    assert _outcome(await ask(port, _update("old", OLD, "old-again"))) == ("NOTAUTH", "BADKEY")
+    assert _outcome(await ask(port, _update("new", NEW, "new-again"))) == ("NOERROR", "NOERROR")
     assert _problems(agent) == []
 
 
@@ -142,13 +118,13 @@ async def test_a_corrupt_file_keeps_the_current_keys_and_shows_as_a_problem(agen
                        message="the bad file counted")
         problems = _problems(agent)
         assert len(problems) == 1 and str(keys) in problems[0], problems
-        assert _outcome(await _exchange(_update("old", OLD, "still"), port)) == ("NOERROR", "NOERROR")
+        assert _outcome(await ask(port, _update("old", OLD, "still"))) == ("NOERROR", "NOERROR")
         view = agent.region_view()
         assert view.degraded and any("TSIG keys file" in p for p in view.degraded)
 
     keys.unlink()  # a missing file is no different: the keys stay
     await wait_for(lambda: "No such file" in " ".join(_problems(agent)), message="the missing file shown")
-    assert _outcome(await _exchange(_update("old", OLD, "missing"), port)) == ("NOERROR", "NOERROR")
+    assert _outcome(await ask(port, _update("old", OLD, "missing"))) == ("NOERROR", "NOERROR")
 
     _replace(keys, _keys(old=OLD))  # fixed: no problem, nothing else changed
     await wait_for(lambda: not _problems(agent), message="the problem cleared")
@@ -172,11 +148,11 @@ async def test_a_keys_file_that_starts_empty_turns_update_on(tmp_path: Path) -> 
     try:
         port = agent.dns.server.bound[0][1]
         first = _update("new", NEW, "first")
-        assert _outcome(await _exchange(first, port)) == ("NOTAUTH", "BADKEY")
+        assert _outcome(await ask(port, first)) == ("NOTAUTH", "BADKEY")
         _replace(keys, _keys(new=NEW))
         await wait_for(lambda: agent.registry.get_sample_value("region_agent_dns_tsig_keys") == 1,
                        message="the first key in use")
-        assert _outcome(await _exchange(first, port)) == ("NOERROR", "NOERROR")
+        assert _outcome(await ask(port, first)) == ("NOERROR", "NOERROR")
     finally:
         await agent.stop()
 
@@ -187,5 +163,5 @@ async def test_a_new_secret_under_the_same_name_replaces_the_old(agent: Agent, t
     _replace(tmp_path / "tsig-keys.yaml", _keys(old=NEW))
     await wait_for(lambda: agent.registry.get_sample_value("region_agent_dns_tsig_keys_file_reloads_total") == 1,
                    message="the new secret in use")
-    assert _outcome(await _exchange(before, port)) == ("NOTAUTH", "BADSIG")
-    assert _outcome(await _exchange(_update("old", NEW, "after"), port)) == ("NOERROR", "NOERROR")
+    assert _outcome(await ask(port, before)) == ("NOTAUTH", "BADSIG")
+    assert _outcome(await ask(port, _update("old", NEW, "after"))) == ("NOERROR", "NOERROR")

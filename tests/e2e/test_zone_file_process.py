@@ -10,13 +10,12 @@ from collections import Counter
 from pathlib import Path
 
 import aiohttp
-import dns.asyncquery
-import dns.message
 import dns.rcode
 import pytest
 
 from tests.conftest import wait_for
 from tests.e2e.test_standalone_process import ZONE, Running, _answer_is, _ready, agent  # noqa: F401 - fixture
+from tests.fakes.dns_client import try_ask
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,12 +40,8 @@ def test_a_bad_zone_file_at_start_is_one_line_and_exit_2(tmp_path: Path, command
 
 
 async def _rcode(running: Running, name: str) -> int | None:
-    try:
-        response = await dns.asyncquery.udp(dns.message.make_query(name, "A"), "127.0.0.1", port=running.dns_port,
-                                            timeout=0.5)
-    except (TimeoutError, OSError):
-        return None
-    return int(response.rcode())
+    response = await try_ask(running.dns_port, name, timeout=0.5)
+    return None if response is None else int(response.rcode())
 
 
 async def test_a_truncate_then_write_never_answers_nxdomain(agent: Running) -> None:  # noqa: F811 - fixture

@@ -16,11 +16,11 @@ from region_agent.globaldns.wire import name_from_text, parse_query
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region
 from region_agent.state.store import Entry, Store, Version
+from tests.fakes.dns_client import rdata_texts
 from tests.globaldns.zones import (
     ALL,
     ZONE,
     PrefixLocator,
-    addresses,
     ask,
     down,
     ha,
@@ -54,7 +54,7 @@ def test_ha(case: str, health: dict[str, CopyHealth], policy: AllDownPolicy, rco
     tables = tables_for([ha("shop", policy)], {"shop": health})
     response = ask(tables, f"shop.{ZONE}")
     assert dns.rcode.to_text(response.rcode()) == rcode
-    assert addresses(response) == expected
+    assert rdata_texts(response) == expected
     if rcode == "NOERROR":
         assert response.flags & dns.flags.AA
         for rrset in response.answer:
@@ -68,10 +68,10 @@ def test_ha(case: str, health: dict[str, CopyHealth], policy: AllDownPolicy, rco
 def test_ha_is_per_address_family() -> None:
     """Like two ifurlup records (A and AAAA): sfo1 alone has IPv6, so AAAA follows sfo1's health only."""
     healthy = tables_for([ha("shop")], {"shop": up(*ALL)})
-    assert addresses(ask(healthy, f"shop.{ZONE}", "AAAA")) == {"2001:db8::11"}
+    assert rdata_texts(ask(healthy, f"shop.{ZONE}", "AAAA")) == {"2001:db8::11"}
     sfo1_down = tables_for([ha("shop")], {"shop": {**down("sfo1"), **up("ams1", "nrt1")}})
-    assert addresses(ask(sfo1_down, f"shop.{ZONE}", "AAAA")) == {"2001:db8::11"}  # all down for v6: every address
-    assert addresses(ask(sfo1_down, f"shop.{ZONE}", "A")) == {A_, N}
+    assert rdata_texts(ask(sfo1_down, f"shop.{ZONE}", "AAAA")) == {"2001:db8::11"}  # all down for v6: every address
+    assert rdata_texts(ask(sfo1_down, f"shop.{ZONE}", "A")) == {A_, N}
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_before_the_first_health_round(startup: AllDownPolicy, rcode: str, expec
     tables = tables_for([ha("shop")], {"shop": up(*ALL)}, health_known=False, startup_answer=startup)
     response = ask(tables, f"shop.{ZONE}")
     assert dns.rcode.to_text(response.rcode()) == rcode
-    assert addresses(response) == expected
+    assert rdata_texts(response) == expected
 
 
 LOCATOR_TABLE = {
@@ -115,7 +115,7 @@ def test_proximity(case: str, health: dict[str, CopyHealth], kwargs: dict[str, o
     locator = PrefixLocator(LOCATOR_TABLE)
     tables = tables_for([proximity("blog")], {"blog": health}, locator=locator)
     response = ask(tables, f"blog.{ZONE}", **kwargs)  # type: ignore[arg-type]
-    assert addresses(response) == expected
+    assert rdata_texts(response) == expected
     ecs = [o for o in response.options if o.otype == 8]
     if "ecs" in kwargs:
         assert len(ecs) == 1
@@ -127,7 +127,7 @@ def test_proximity(case: str, health: dict[str, CopyHealth], kwargs: dict[str, o
 def test_proximity_without_a_database_answers_every_healthy_region() -> None:
     tables = tables_for([proximity("blog")], {"blog": {**down("nrt1"), **up("sfo1", "ams1")}})
     response = ask(tables, f"blog.{ZONE}", ecs=("203.0.113.0", 24))
-    assert addresses(response) == {S, A_}
+    assert rdata_texts(response) == {S, A_}
     assert [o.scopelen for o in response.options if o.otype == 8] == [0]
 
 
@@ -140,7 +140,7 @@ def test_proximity_all_down(policy: AllDownPolicy, rcode: str, expected: set[str
     tables = tables_for([proximity("blog", policy)], {"blog": down(*ALL)}, locator=PrefixLocator(LOCATOR_TABLE))
     response = ask(tables, f"blog.{ZONE}", ecs=("203.0.113.0", 24))
     assert dns.rcode.to_text(response.rcode()) == rcode
-    assert addresses(response) == expected
+    assert rdata_texts(response) == expected
 
 
 def _zone() -> object:
@@ -217,7 +217,7 @@ def test_apex_soa_ns_and_glue() -> None:
     glue = {(rrset.name.to_text(), r.to_text()) for rrset in ns.additional for r in rrset}
     assert glue == {(f"ns-sfo1.{ZONE}.", "192.0.2.53"), (f"ns-ams1.{ZONE}.", "192.0.2.54"),
                     (f"ns-ams1.{ZONE}.", "2001:db8::54")}
-    assert addresses(ask(zone, f"ns-ams1.{ZONE}", "AAAA")) == {"2001:db8::54"}  # type: ignore[arg-type]
+    assert rdata_texts(ask(zone, f"ns-ams1.{ZONE}", "AAAA")) == {"2001:db8::54"}  # type: ignore[arg-type]
 
 
 def test_serial_follows_the_state_not_the_clock() -> None:
@@ -276,7 +276,7 @@ def _big_zone() -> object:
 def test_truncation(kwargs: dict[str, object], truncated: bool) -> None:
     response = ask(_big_zone(), f"big.{ZONE}", **kwargs)  # type: ignore[arg-type]
     assert bool(response.flags & dns.flags.TC) is truncated
-    assert len(addresses(response)) == (0 if truncated else 100)
+    assert len(rdata_texts(response)) == (0 if truncated else 100)
 
 
 def test_glue_is_dropped_before_truncating() -> None:

@@ -8,10 +8,7 @@ import dataclasses
 import random
 import struct
 
-import dns.edns
 import dns.flags
-import dns.message
-import dns.rdatatype
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +17,7 @@ from region_agent.globaldns.memo import Entry, ResponseMemo, memo_key, memoisabl
 from region_agent.globaldns.metrics import DnsCounters
 from region_agent.globaldns.tables import Reply, ZoneHolder, ZoneTables
 from region_agent.globaldns.wire import BADVERS, TC, Query, header, opt_record, parse_query, response_flags
+from tests.fakes.dns_client import query_wire
 from tests.globaldns.zones import ALL, ZONE, PrefixLocator, ha, proximity, tables_for, up
 
 LOCATOR = PrefixLocator({"198.51.100.0/24": (["ams1", "sfo1"], 24), "203.0.113.0/24": (["nrt1"], 24)})
@@ -51,12 +49,7 @@ def test_a_responder_without_memo_never_reads_one() -> None:
 
 def _query(name: str, qtype: str = "A", *, qid: int = 7, edns: int = 0, payload: int = 1232, do: bool = False,
            ecs: tuple[str, int] | None = None, flags: int = dns.flags.RD) -> bytes:
-    options: list[dns.edns.Option] = [dns.edns.ECSOption(ecs[0], ecs[1])] if ecs else []
-    query = dns.message.make_query(name, dns.rdatatype.from_text(qtype), use_edns=edns, payload=payload,
-                                   want_dnssec=do, options=options)
-    query.id = qid
-    query.flags = flags
-    return query.to_wire()
+    return query_wire(name, qtype, qid=qid, use_edns=edns, payload=payload, want_dnssec=do, ecs=ecs, flags=flags)
 
 
 def _random_case(name: str, rng: random.Random) -> str:

@@ -71,6 +71,7 @@ import dns.rrset
 import pytest
 
 from tests.conftest import wait_for_sync
+from tests.fakes.dns_client import make_query
 
 # PowerDNS, the agent and the fake copies start as the benches start them (bench/common.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -161,9 +162,7 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
     def query(self, name: str, rdtype: str = "A", *, edns: bool = True, rd: bool = True) -> dns.message.Message:
-        q = dns.message.make_query(name, rdtype, use_edns=0 if edns else False)
-        if not rd:
-            q.flags &= ~dns.flags.RD
+        q = make_query(name, rdtype, use_edns=0 if edns else False, flags=dns.flags.RD if rd else 0)
         if self.process.poll() is not None:
             raise AssertionError(f"{self.name} exited ({self.process.returncode}):\n{self.tail()}")
         return dns.query.udp(q, "127.0.0.1", port=self.port, timeout=1.0,

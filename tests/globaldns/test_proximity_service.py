@@ -6,9 +6,7 @@ import ipaddress
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import dns.asyncquery
 import dns.edns
-import dns.message
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -16,6 +14,7 @@ from region_agent.globaldns.service import ZoneService
 from region_agent.globaldns.settings import DnsSettings
 from region_agent.state.model import CopyHealth, copy_key, project_key
 from tests.conftest import wait_for
+from tests.fakes.dns_client import ask, make_query, rdata_texts
 from tests.fakes.mmdb_writer import MmdbWriter, city_record
 from tests.globaldns.zones import ALL, proximity, store_with, up
 
@@ -49,11 +48,10 @@ async def service(tmp_path: Path) -> AsyncIterator[ZoneService]:
 
 async def _ask(zone: ZoneService, subnet: str) -> tuple[set[str], int]:
     network = ipaddress.ip_network(subnet)
-    query = dns.message.make_query("blog.g.example.com", "A",
-                                   options=[dns.edns.ECSOption(str(network.network_address), network.prefixlen)])
-    response = await dns.asyncquery.udp(query, "127.0.0.1", port=zone.server.bound[0][1], timeout=2)
+    query = make_query("blog.g.example.com", ecs=(str(network.network_address), network.prefixlen))
+    response = await ask(zone.server.bound[0][1], query)
     (ecs,) = [o for o in response.options if isinstance(o, dns.edns.ECSOption)]
-    return {r.to_text() for rrset in response.answer for r in rrset}, ecs.scopelen
+    return rdata_texts(response), ecs.scopelen
 
 
 @pytest.mark.parametrize(("subnet", "expected"), [

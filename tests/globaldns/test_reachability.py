@@ -1,8 +1,8 @@
 """Reachability (SOA over UDP and TCP) and delegation checks against real servers on loopback.
 
-Servers: an in-process region-agent (UDP and TCP), a UDP-only fake (an asyncio datagram server
-answering SOA, no TCP listener), and PowerDNS (bind backend) as a stub parent zone holding the
-delegation records :mod:`region_agent.globaldns.delegation` prints (marked ``external``).
+Servers: an in-process region-agent (UDP and TCP), a UDP-only fake (:mod:`tests.fakes.dns_server`:
+an asyncio datagram server answering SOA, no TCP listener), and PowerDNS (bind backend) as a stub
+parent zone holding the delegation records :mod:`region_agent.globaldns.delegation` prints (marked ``external``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import cast
 
 import dns.flags
 import dns.message
 import dns.rcode
-import dns.rrset
 import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
@@ -36,7 +34,12 @@ from region_agent.globaldns.reachability import (
 )
 from region_agent.state.model import Region
 from tests.conftest import wait_for
+from tests.fakes.dns_client import make_query
+from tests.fakes.dns_server import UdpOnlySoa, soa_rrset, udp_only_soa
 from tests.fakes.ports import free_port
+
+# tests/app/test_geoip_status.py takes the agent's zone and the UDP-only server from here.
+__all__ = ["AGENT_ZONE", "UdpOnlySoa"]
 
 ZONE = "g.example.com"
 AGENT_ZONE = ("regions:\n"
@@ -84,13 +87,12 @@ def test_settings_are_validated_with_the_field_named() -> None:
 
 def _soa_response(zone: str = ZONE, *, rcode: dns.rcode.Rcode = dns.rcode.NOERROR, aa: bool = True,
                   owner: str | None = None) -> dns.message.Message:
-    response = dns.message.make_response(dns.message.make_query(zone, "SOA"))
+    response = dns.message.make_response(make_query(zone, "SOA"))
     response.set_rcode(rcode)
     if aa:
         response.flags |= dns.flags.AA
     if rcode == dns.rcode.NOERROR:
-        response.answer.append(dns.rrset.from_text(f"{owner or zone}.", 3600, "IN", "SOA",
-                                                   f"ns-sfo1.{zone}. hostmaster.{zone}. 1 3600 600 604800 60"))
+        response.answer.append(soa_rrset(zone, owner))
     return response
 
 
@@ -107,36 +109,10 @@ def test_what_counts_as_an_soa_answer(response: dns.message.Message, problem: st
 # --- servers on loopback -------------------------------------------------------------
 
 
-class UdpOnlySoa(asyncio.DatagramProtocol):
-    """Answers every query with the zone's SOA over UDP; nothing listens on TCP."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.DatagramTransport | None = None
-        self.queries = 0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        query = dns.message.from_wire(data)
-        response = dns.message.make_response(query)
-        response.flags |= dns.flags.AA
-        response.answer.append(dns.rrset.from_text(f"{ZONE}.", 3600, "IN", "SOA",
-                                                   f"ns-sfo1.{ZONE}. hostmaster.{ZONE}. 1 3600 600 604800 60"))
-        self.queries += 1
-        assert self.transport is not None
-        self.transport.sendto(response.to_wire(), addr)
-
-
 @pytest.fixture
 async def udp_only() -> AsyncIterator[tuple[UdpOnlySoa, int]]:
-    port = free_port()  # free for TCP too, and nothing binds TCP on it
-    transport, protocol = await asyncio.get_running_loop().create_datagram_endpoint(
-        UdpOnlySoa, local_addr=("127.0.0.1", port))
-    try:
-        yield protocol, port
-    finally:
-        transport.close()
+    async with udp_only_soa(ZONE) as served:
+        yield served
 
 
 def _agent(tmp_path: Path, dns_port: int = 0, **reachability: object) -> Agent:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-import struct
 from collections.abc import AsyncIterator
 
-import dns.asyncquery
 import dns.edns
 import dns.flags
 import dns.message
@@ -23,6 +21,7 @@ from region_agent.globaldns.server import BindError, DnsServer, TcpLimits
 from region_agent.globaldns.tables import ZoneHolder
 from region_agent.state.model import CopyHealth, Mode, Project, Region
 from tests.conftest import wait_for
+from tests.fakes.dns_client import ask, ask_with_fallback, frame, make_query, query_wire, read_message
 from tests.globaldns.zones import ALL, ZONE, ha, store_with, up
 
 
@@ -50,52 +49,44 @@ def _port(srv: DnsServer) -> int:
 
 
 async def test_udp_answer(server: DnsServer) -> None:
-    response = await dns.asyncquery.udp(dns.message.make_query(f"shop.{ZONE}", "A"), "127.0.0.1",
-                                        port=_port(server), timeout=2)
+    response = await ask(_port(server), f"shop.{ZONE}")
     assert response.rcode() == dns.rcode.NOERROR
     assert {r.to_text() for r in response.answer[0]} == {"192.0.2.11"}
 
 
 async def test_truncation_then_tcp_retry(server: DnsServer) -> None:
-    query = dns.message.make_query(f"big.{ZONE}", "A", use_edns=False)
-    udp = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+    query = make_query(f"big.{ZONE}", use_edns=False)
+    udp = await ask(_port(server), query)
     assert udp.flags & dns.flags.TC and not udp.answer
-    response, used_tcp = await dns.asyncquery.udp_with_fallback(query, "127.0.0.1", port=_port(server), timeout=2)
+    response, used_tcp = await ask_with_fallback(_port(server), query)
     assert used_tcp
     assert len(response.answer[0]) == 120
 
 
 async def _tcp_exchange(port: int, messages: list[bytes], *, split: bool = False) -> list[dns.message.Message]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    payload = b"".join(struct.pack("!H", len(m)) + m for m in messages)
+    payload = b"".join(frame(m) for m in messages)
     if split:  # one byte at a time: framing must not depend on segment boundaries
         for i in range(len(payload)):
             writer.write(payload[i:i + 1])
             await writer.drain()
     else:
         writer.write(payload)  # pipelined: all queries before any answer
-    responses = []
-    for _ in messages:
-        (length,) = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), 2))
-        responses.append(dns.message.from_wire(await asyncio.wait_for(reader.readexactly(length), 2)))
+    responses = [await read_message(reader) for _ in messages]
     writer.close()
     return responses
 
 
 async def test_pipelined_tcp_queries(server: DnsServer) -> None:
-    queries = []
-    for qid, name in ((11, f"shop.{ZONE}"), (12, f"nope.{ZONE}"), (13, "example.org")):
-        query = dns.message.make_query(name, "A")
-        query.id = qid
-        queries.append(query.to_wire())
+    queries = [query_wire(name, qid=qid) for qid, name in ((11, f"shop.{ZONE}"), (12, f"nope.{ZONE}"),
+                                                          (13, "example.org"))]
     responses = await _tcp_exchange(_port(server), queries)
     assert {r.id: r.rcode() for r in responses} == {11: dns.rcode.NOERROR, 12: dns.rcode.NXDOMAIN,
                                                     13: dns.rcode.REFUSED}
 
 
 async def test_tcp_framing_split_into_single_bytes(server: DnsServer) -> None:
-    query = dns.message.make_query(f"big.{ZONE}", "A")
-    (response,) = await _tcp_exchange(_port(server), [query.to_wire()], split=True)
+    (response,) = await _tcp_exchange(_port(server), [query_wire(f"big.{ZONE}")], split=True)
     assert len(response.answer[0]) == 120
 
 
@@ -131,15 +122,13 @@ async def test_garbage_on_tcp_closes_the_connection(server: DnsServer) -> None:
 
 
 async def test_badvers(server: DnsServer) -> None:
-    query = dns.message.make_query(f"shop.{ZONE}", "A", use_edns=1)
-    response = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+    response = await ask(_port(server), make_query(f"shop.{ZONE}", use_edns=1))
     assert response.rcode() == dns.rcode.BADVERS
     assert response.edns == 0
 
 
 async def test_ecs_is_echoed_with_a_scope(server: DnsServer) -> None:
-    query = dns.message.make_query(f"shop.{ZONE}", "A", options=[dns.edns.ECSOption("203.0.113.0", 24)])
-    response = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+    response = await ask(_port(server), make_query(f"shop.{ZONE}", ecs=("203.0.113.0", 24)))
     (ecs,) = [o for o in response.options if isinstance(o, dns.edns.ECSOption)]
     assert (ecs.address, ecs.srclen, ecs.scopelen) == ("203.0.113.0", 24, 0)
 
@@ -154,7 +143,7 @@ async def test_idle_tcp_connections_are_closed(server: DnsServer) -> None:
 async def test_a_connection_beyond_the_limit_is_served_and_the_longest_idle_closed(server: DnsServer) -> None:
     held = [await asyncio.open_connection("127.0.0.1", _port(server)) for _ in range(3)]
     await wait_for(lambda: len(server.connections) == 3, timeout=2, message="three connections")
-    (response,) = await _tcp_exchange(_port(server), [dns.message.make_query(f"shop.{ZONE}", "A").to_wire()])
+    (response,) = await _tcp_exchange(_port(server), [query_wire(f"shop.{ZONE}")])
     assert response.rcode() == dns.rcode.NOERROR
     assert await asyncio.wait_for(held[0][0].read(), 2) == b""
     assert server.responder.counters.tcp_closed["evicted"] == 1
@@ -174,8 +163,7 @@ async def test_ipv6_listener() -> None:
     srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("::1", 0)])  # type: ignore[arg-type]
     await srv.start()
     try:
-        response = await dns.asyncquery.udp(dns.message.make_query(f"shop.{ZONE}", "AAAA"), "::1",
-                                            port=srv.bound[0][1], timeout=2)
+        response = await ask(srv.bound[0][1], f"shop.{ZONE}", "AAAA", host="::1")
         assert {r.to_text() for r in response.answer[0]} == {"2001:db8::11"}
     finally:
         await srv.stop()
@@ -235,13 +223,10 @@ async def test_an_address_not_on_this_host_fails_naming_the_address_setting() ->
 
 @pytest.mark.parametrize("tcp", [False, True], ids=["udp", "tcp"])
 async def test_zone_transfers_are_refused(server: DnsServer, tcp: bool) -> None:
-    axfr = dns.message.make_query(ZONE, "AXFR", use_edns=0)
-    ixfr = dns.message.make_query(ZONE, "IXFR", use_edns=0)  # with the client's SOA in authority (RFC 1995 §3)
+    axfr = make_query(ZONE, "AXFR", use_edns=0)
+    ixfr = make_query(ZONE, "IXFR", use_edns=0)  # with the client's SOA in authority (RFC 1995 §3)
     ixfr.authority.append(dns.rrset.from_text(f"{ZONE}.", 0, "IN", "SOA", f"ns1.{ZONE}. h.{ZONE}. 1 3600 600 86400 60"))
     for query in (axfr, ixfr):
-        if tcp:
-            (response,) = await _tcp_exchange(_port(server), [query.to_wire()])
-        else:
-            response = await dns.asyncquery.udp(query, "127.0.0.1", port=_port(server), timeout=2)
+        response = await ask(_port(server), query, tcp=tcp)
         assert response.rcode() == dns.rcode.REFUSED, query.question
         assert response.edns == 0

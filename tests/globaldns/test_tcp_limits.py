@@ -18,8 +18,6 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
-import dns.asyncquery
-import dns.message
 import dns.rcode
 import pytest
 
@@ -30,6 +28,7 @@ from region_agent.globaldns.server import DnsServer, TcpLimits, TcpProtocol, sou
 from region_agent.globaldns.tables import ZoneHolder, ZoneTables
 from region_agent.state.model import CopyHealth, Mode, Project, Region
 from tests.conftest import wait_for
+from tests.fakes.dns_client import ask, frame, query_wire, read_message
 from tests.globaldns.zones import ALL, ZONE, ha, store_with, up
 
 LIMITS = TcpLimits(idle_timeout=30.0, message_timeout=30.0, max_connections=8, max_per_source=4,
@@ -77,21 +76,6 @@ def _port(server: DnsServer) -> int:
     return server.bound[0][1]
 
 
-def _query(name: str, qid: int = 1, rdtype: str = "A") -> bytes:
-    query = dns.message.make_query(name, rdtype)
-    query.id = qid
-    return query.to_wire()
-
-
-def _frame(message: bytes) -> bytes:
-    return struct.pack("!H", len(message)) + message
-
-
-async def _read_response(reader: asyncio.StreamReader) -> dns.message.Message:
-    (length,) = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), 5))
-    return dns.message.from_wire(await asyncio.wait_for(reader.readexactly(length), 5))
-
-
 async def _connect(server: DnsServer, source: str = "127.0.0.1") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.open_connection("127.0.0.1", _port(server), local_addr=(source, 0))
 
@@ -104,8 +88,7 @@ async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
 
 
 async def _udp_answers(server: DnsServer) -> bool:
-    response = await dns.asyncquery.udp(dns.message.make_query(f"shop.{ZONE}", "A"), "127.0.0.1",
-                                        port=_port(server), timeout=2)
+    response = await ask(_port(server), f"shop.{ZONE}")
     return bool(response.rcode() == dns.rcode.NOERROR and response.answer)
 
 
@@ -145,7 +128,7 @@ async def test_a_client_that_never_reads_is_paused_with_its_unsent_answers_bound
         loop = asyncio.get_running_loop()
         client, connection = await _small_buffered_client(server)
         assert connection.transport is not None
-        query = _frame(_query(f"big.{ZONE}"))
+        query = frame(query_wire(f"big.{ZONE}", qid=1))
         answer_size = len(server.responder.respond(query[2:], "127.0.0.1", tcp=True) or b"") + 2
         sending = asyncio.create_task(loop.sock_sendall(client, query * 3000))  # asks for ~6 MB of answers
         counters = server.responder.counters
@@ -172,7 +155,7 @@ async def test_a_slow_reader_gets_every_answer_in_order() -> None:
     async with serving(write_buffer=1024, max_in_flight=4) as server:
         loop = asyncio.get_running_loop()
         client, connection = await _small_buffered_client(server)
-        await loop.sock_sendall(client, b"".join(_frame(_query(f"big.{ZONE}", qid)) for qid in range(300)))
+        await loop.sock_sendall(client, b"".join(frame(query_wire(f"big.{ZONE}", qid=qid)) for qid in range(300)))
         counters = server.responder.counters
         await wait_for(lambda: counters.tcp_read_pauses["write_buffer"] >= 1, message="reading paused")
         assert not connection.reading
@@ -194,8 +177,8 @@ async def test_a_slow_reader_gets_every_answer_in_order() -> None:
 async def test_pipelined_queries_are_answered_a_batch_per_loop_turn() -> None:
     async with serving(write_buffer=1 << 20, max_in_flight=4) as server:
         reader, writer = await _connect(server)
-        writer.write(b"".join(_frame(_query(f"shop.{ZONE}", qid)) for qid in range(40)))  # one segment
-        ids = [(await _read_response(reader)).id for _ in range(40)]
+        writer.write(b"".join(frame(query_wire(f"shop.{ZONE}", qid=qid)) for qid in range(40)))  # one segment
+        ids = [(await read_message(reader, 5)).id for _ in range(40)]
         assert ids == list(range(40))
         assert server.responder.counters.tcp_read_pauses["in_flight"] >= 1
         writer.close()
@@ -205,9 +188,9 @@ async def test_pipelined_queries_are_answered_a_batch_per_loop_turn() -> None:
 async def test_half_close_after_pipelined_queries_gets_all_answers_then_the_close() -> None:
     async with serving(max_in_flight=3) as server:
         reader, writer = await _connect(server)
-        writer.write(b"".join(_frame(_query(f"shop.{ZONE}", qid)) for qid in range(20)))
+        writer.write(b"".join(frame(query_wire(f"shop.{ZONE}", qid=qid)) for qid in range(20)))
         writer.write_eof()
-        ids = [(await _read_response(reader)).id for _ in range(20)]
+        ids = [(await read_message(reader, 5)).id for _ in range(20)]
         assert ids == list(range(20))
         assert await _closed_by_server(reader)
         await wait_for(lambda: not server.connections, message="the slot given back")
@@ -222,8 +205,9 @@ async def test_half_close_after_pipelined_queries_gets_all_answers_then_the_clos
 async def test_answers_computed_before_a_bad_message_are_written_then_the_connection_closes() -> None:
     async with serving() as server:
         reader, writer = await _connect(server)
-        writer.write(_frame(_query(f"shop.{ZONE}", 7)) + _frame(_query(f"nope.{ZONE}", 8)) + b"\x00\x03abc")
-        first, second = await _read_response(reader), await _read_response(reader)
+        good = frame(query_wire(f"shop.{ZONE}", qid=7)) + frame(query_wire(f"nope.{ZONE}", qid=8))
+        writer.write(good + b"\x00\x03abc")
+        first, second = await read_message(reader, 5), await read_message(reader, 5)
         assert (first.id, first.rcode(), second.id, second.rcode()) == (7, dns.rcode.NOERROR, 8, dns.rcode.NXDOMAIN)
         assert await _closed_by_server(reader)
         assert server.responder.counters.tcp_closed["bad_message"] == 1
@@ -237,7 +221,7 @@ async def test_answers_computed_before_a_bad_message_are_written_then_the_connec
 async def test_a_trickler_is_closed_by_the_message_deadline() -> None:
     async with serving(idle_timeout=30.0, message_timeout=0.3) as server:
         reader, writer = await _connect(server)
-        trickle = asyncio.create_task(_trickle(writer, _frame(b"\x00" * 300), interval=0.02))
+        trickle = asyncio.create_task(_trickle(writer, frame(b"\x00" * 300), interval=0.02))
         try:
             assert await _closed_by_server(reader)
         finally:
@@ -251,9 +235,9 @@ async def test_a_trickle_does_not_restart_the_idle_timer() -> None:
     """Idle is measured from the last complete message: bytes of an unfinished one do not count."""
     async with serving(idle_timeout=0.5, message_timeout=30.0) as server:
         reader, writer = await _connect(server)
-        writer.write(_frame(_query(f"shop.{ZONE}", 3)))
-        assert (await _read_response(reader)).id == 3
-        trickle = asyncio.create_task(_trickle(writer, _frame(b"\x00" * 300), interval=0.02))
+        writer.write(frame(query_wire(f"shop.{ZONE}", qid=3)))
+        assert (await read_message(reader, 5)).id == 3
+        trickle = asyncio.create_task(_trickle(writer, frame(b"\x00" * 300), interval=0.02))
         try:
             assert await _closed_by_server(reader)
         finally:
@@ -266,11 +250,11 @@ async def test_a_trickle_does_not_restart_the_idle_timer() -> None:
 async def test_trickled_bytes_leave_the_deadline_where_it_was() -> None:
     async with serving(idle_timeout=30.0, message_timeout=30.0) as server:
         reader, writer = await _connect(server)
-        writer.write(_frame(_query(f"shop.{ZONE}", 4)))
-        assert (await _read_response(reader)).id == 4
+        writer.write(frame(query_wire(f"shop.{ZONE}", qid=4)))
+        assert (await read_message(reader, 5)).id == 4
         (connection,) = server.connections
         timer, deadline = connection.timer, connection.deadline
-        trickle = asyncio.create_task(_trickle(writer, _frame(b"\x00" * 300), interval=0.01))
+        trickle = asyncio.create_task(_trickle(writer, frame(b"\x00" * 300), interval=0.01))
         try:
             await wait_for(lambda: len(connection.buffer) >= 5, message="five trickled bytes")
         finally:
@@ -288,8 +272,8 @@ async def test_tricklers_holding_every_slot_do_not_lock_out_a_normal_query() -> 
         await wait_for(lambda: len(server.connections) == 4 and all(c.message_started for c in server.connections),
                        message="every slot held by a trickler")
         reader, writer = await _connect(server, "127.0.0.9")
-        writer.write(_frame(_query(f"shop.{ZONE}", 5)))
-        response = await _read_response(reader)
+        writer.write(frame(query_wire(f"shop.{ZONE}", qid=5)))
+        response = await read_message(reader, 5)
         assert (response.id, response.rcode()) == (5, dns.rcode.NOERROR)
         assert await _closed_by_server(tricklers[0][0])  # the longest idle made room
         assert server.responder.counters.tcp_closed["evicted"] == 1
@@ -304,12 +288,12 @@ async def test_the_least_recently_active_connection_is_the_one_evicted() -> None
         clients = [await _connect(server, f"127.0.0.{2 + i}") for i in range(3)]
         await wait_for(lambda: len(server.connections) == 3, message="three connections")
         reader, writer = clients[0]
-        writer.write(_frame(_query(f"shop.{ZONE}", 1)))  # the oldest becomes the most recently active
-        await _read_response(reader)
+        writer.write(frame(query_wire(f"shop.{ZONE}", qid=1)))  # the oldest becomes the most recently active
+        await read_message(reader, 5)
         newcomer = await _connect(server, "127.0.0.9")
         assert await _closed_by_server(clients[1][0])
-        writer.write(_frame(_query(f"shop.{ZONE}", 2)))
-        assert (await _read_response(reader)).id == 2  # still open
+        writer.write(frame(query_wire(f"shop.{ZONE}", qid=2)))
+        assert (await read_message(reader, 5)).id == 2  # still open
         for _, w in [*clients, newcomer]:
             w.close()
 

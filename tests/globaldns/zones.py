@@ -5,9 +5,7 @@ from __future__ import annotations
 import ipaddress
 import time
 
-import dns.edns
 import dns.message
-import dns.rdatatype
 
 from region_agent.globaldns.answer import answer, max_response_size, render
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
@@ -16,6 +14,7 @@ from region_agent.globaldns.wire import parse_query
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import AllDownPolicy, CopyHealth, Mode, Project, Region, copy_key, project_key, region_key
 from region_agent.state.store import Store
+from tests.fakes.dns_client import query_wire
 
 ZONE = "g.example.com"
 REGIONS = {
@@ -74,17 +73,10 @@ def ask(
     rdclass: str = "IN",
 ) -> dns.message.Message:
     """Answer a dnspython-built query through the pure path and parse the reply with dnspython."""
-    options: list[dns.edns.Option] = [dns.edns.ECSOption(ecs[0], ecs[1])] if ecs else []
-    query = dns.message.make_query(name, dns.rdatatype.from_text(qtype), rdclass=rdclass,
-                                   use_edns=use_edns, payload=payload, options=options)
-    parsed = parse_query(query.to_wire())
+    parsed = parse_query(query_wire(name, qtype, rdclass=rdclass, use_edns=use_edns, payload=payload, ecs=ecs))
     reply = answer(tables, parsed, source)
     wire = render(parsed, reply, max_size=max_response_size(parsed, tcp=tcp, our_payload=1232), our_payload=1232)
     return dns.message.from_wire(wire)
-
-
-def addresses(response: dns.message.Message) -> set[str]:
-    return {rdata.to_text() for rrset in response.answer for rdata in rrset}
 
 
 class PrefixLocator:

@@ -16,7 +16,6 @@ import dns.rdata
 import dns.rdataclass
 import dns.rdatatype
 import dns.tsig
-import dns.tsigkeyring
 import dns.update
 import pytest
 from hypothesis import given, settings
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 
 from region_agent.globaldns.acme.tsig import KeySpec, TsigConfigError, TsigKeyring, Verdict, respond, verify
 from region_agent.globaldns.acme.update import UpdateLimits, UpdatePlan, ZoneFacts, plan_update
+from tests.fakes import dns_client
 
 APEX = dns.name.from_text("g.example.com")
 SECRET = base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
@@ -43,8 +43,7 @@ def _update(*, zone: str = "g.example.com") -> dns.update.UpdateMessage:
 
 def _signed(message: dns.update.UpdateMessage, name: str = "acme-key", secret: str = SECRET,
             algorithm: dns.name.Name = dns.tsig.HMAC_SHA256) -> bytes:
-    message.use_tsig(dns.tsigkeyring.from_text({name: (algorithm, secret)}), keyname=name, algorithm=algorithm)
-    return message.to_wire()
+    return dns_client.signed(message, dns_client.TsigKey(name, secret, algorithm)).to_wire()
 
 
 def _parsed(message: dns.message.Message) -> dns.message.Message:
@@ -151,7 +150,7 @@ def test_a_signed_update_is_verified_and_the_response_signed() -> None:
     verified = verify(_signed(update), KEYRING)
     assert verified.verdict is Verdict.OK
     wire = respond(verified, dns.rcode.NOERROR)
-    keyring = dns.tsigkeyring.from_text({"acme-key": (dns.tsig.HMAC_SHA256, SECRET)})
+    keyring = dns_client.TsigKey("acme-key", SECRET, dns.tsig.HMAC_SHA256).keyring()
     response = dns.message.from_wire(wire, keyring=keyring, request_mac=verified.message.mac)
     assert response.rcode() == dns.rcode.NOERROR and response.had_tsig
 
