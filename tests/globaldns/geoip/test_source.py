@@ -16,18 +16,12 @@ import logging
 import os
 import socket
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import dns.asyncquery
-import dns.edns
 import dns.exception
-import dns.message
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import SecretStr, ValidationError
 
@@ -50,11 +44,14 @@ from region_agent.health import views
 from region_agent.health.feed_protocol import decode, encode_snapshot
 from region_agent.state.local import RegionView
 from tests.conftest import wait_for
+from tests.fakes.dns_client import ask, make_query, rdata_texts
+from tests.fakes.geoip_server import SECRET, SIGNED_QUERY, DbServer, serving
 from tests.fakes.mmdb_writer import MmdbWriter, city_record
 from tests.globaldns.zones import ALL, proximity, store_with, up
 
-SECRET = "SECRETsig0123456789abcdef"
-SIGNED_QUERY = f"X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDEXAMPLE%2F20261201&X-Amz-Signature={SECRET}"
+# tests/app/test_geoip_status.py takes the download server and a database from here.
+__all__ = ["SECRET", "SIGNED_QUERY", "DbServer", "city_db"]
+
 EUROPE = "203.0.113.0/24"
 AMERICA = "198.51.100.0/24"
 AMSTERDAM = ("Amsterdam", 52.37, 4.90)
@@ -71,62 +68,10 @@ def city_db(europe: tuple[str, float, float] = AMSTERDAM, *, build_epoch: int = 
     return writer.to_bytes()
 
 
-class DbServer:
-    """An HTTP server on 127.0.0.1 serving databases by name, and the misbehaving cases."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.hits: Counter[str] = Counter()
-        self.release = asyncio.Event()
-        app = web.Application()
-        app.router.add_get("/stall", self._stall)
-        app.router.add_get("/redirect", self._redirect)
-        app.router.add_get("/signed/{name}", self._signed)
-        app.router.add_get("/{name}", self._file)
-        self.server = TestServer(app, host="127.0.0.1")
-
-    def url(self, path: str) -> str:
-        return str(self.server.make_url(path))
-
-    async def _file(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        self.hits[name] += 1
-        if name not in self.files:
-            raise web.HTTPNotFound()
-        return web.Response(body=self.files[name])
-
-    async def _signed(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        self.hits[f"signed/{name}"] += 1
-        if request.query.get("X-Amz-Signature") != SECRET:
-            raise web.HTTPForbidden()
-        if name not in self.files:
-            raise web.HTTPNotFound()
-        return web.Response(body=self.files[name])
-
-    async def _redirect(self, request: web.Request) -> web.StreamResponse:
-        self.hits["redirect"] += 1
-        raise web.HTTPFound(f"/signed/missing.mmdb?{SIGNED_QUERY}")
-
-    async def _stall(self, request: web.Request) -> web.StreamResponse:
-        self.hits["stall"] += 1
-        response = web.StreamResponse()
-        response.content_length = 1500
-        await response.prepare(request)
-        await response.write(b"\0" * 100)
-        await self.release.wait()  # never finishes while the test runs
-        return response
-
-
 @pytest.fixture
 async def server() -> AsyncIterator[DbServer]:
-    served = DbServer()
-    await served.server.start_server()
-    try:
+    async with serving() as served:
         yield served
-    finally:
-        served.release.set()
-        await served.server.close()
 
 
 def settings(tmp_path: Path, **values: Any) -> GeoipSettings:
@@ -545,11 +490,10 @@ def test_the_status_crosses_the_sidecar_feed() -> None:
 
 async def _ask(port: int) -> tuple[set[str], float]:
     network = ipaddress.ip_network(EUROPE)
-    query = dns.message.make_query("blog.g.example.com", "A",
-                                   options=[dns.edns.ECSOption(str(network.network_address), network.prefixlen)])
+    query = make_query("blog.g.example.com", ecs=(str(network.network_address), network.prefixlen))
     started = time.perf_counter()
-    response = await dns.asyncquery.udp(query, "127.0.0.1", port=port, timeout=1)
-    return {r.to_text() for rrset in response.answer for r in rrset}, time.perf_counter() - started
+    response = await ask(port, query, timeout=1)
+    return rdata_texts(response), time.perf_counter() - started
 
 
 async def test_answers_keep_flowing_while_the_database_is_swapped(server: DbServer, tmp_path: Path) -> None:
