@@ -7,6 +7,9 @@ read (timestamps in records, HLC physical time).
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import random
 import time
 from dataclasses import dataclass, field
@@ -29,10 +32,19 @@ class SystemClock:
 
 @dataclass
 class ManualClock:
-    """A clock that moves only when told to (tests)."""
+    """A clock that moves only when told to (tests).
+
+    Also a ``Sleep``: :meth:`sleep` returns once :meth:`advance` has moved monotonic time past
+    its deadline, so a test plays minutes of timers in no real time. :meth:`wall_ms` is the
+    wall clock in milliseconds, as :class:`~region_agent.state.hlc.HybridClock` reads it, and
+    :meth:`step_wall` moves the wall clock alone (an NTP step), as a real host's may.
+    """
 
     now_monotonic: float = 1000.0
     now_wall: float = 1_800_000_000.0
+    _sleepers: list[tuple[float, int, asyncio.Future[None]]] = field(
+        default_factory=list, init=False, repr=False, compare=False)
+    _order: itertools.count[int] = field(default_factory=itertools.count, init=False, repr=False, compare=False)
 
     def monotonic(self) -> float:
         return self.now_monotonic
@@ -40,9 +52,30 @@ class ManualClock:
     def wall(self) -> float:
         return self.now_wall
 
+    def wall_ms(self) -> int:
+        return round(self.now_wall * 1000)
+
     def advance(self, seconds: float) -> None:
+        """Move both clocks forward, waking every sleeper whose deadline is reached (in deadline order;
+        they run when the caller next yields to the event loop)."""
         self.now_monotonic += seconds
         self.now_wall += seconds
+        while self._sleepers and self._sleepers[0][0] <= self.now_monotonic:
+            _, _, woken = heapq.heappop(self._sleepers)
+            if not woken.done():
+                woken.set_result(None)
+
+    def step_wall(self, seconds: float) -> None:
+        """Move the wall clock alone, forward or back; monotonic time and sleepers are not touched."""
+        self.now_wall += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.now_monotonic + seconds, next(self._order), woken))
+        await woken
 
 
 @dataclass

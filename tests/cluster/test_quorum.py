@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from region_agent.base.clock import ManualClock
 from region_agent.cluster.quorum import (
     Aspect,
     ClusterView,
@@ -185,8 +186,8 @@ def test_liveness_observations_are_what_this_region_gossips() -> None:
 
 
 def test_the_clock_decides_freshness() -> None:
-    now = [NOW]
-    quorum = Quorum(local_region=B, max_age=MAX_AGE, clock=lambda: now[0])
+    clock = ManualClock(now_wall=NOW)
+    quorum = Quorum(local_region=B, max_age=MAX_AGE, clock=clock.wall)
     members = [_member(A, 0, State.DEAD), _member(B, 0, State.ALIVE), _member(C, 0, State.ALIVE)]
     vote = Observation(L, C, A, False, NOW)
 
@@ -194,9 +195,9 @@ def test_the_clock_decides_freshness() -> None:
         return region_verdict(quorum.view(regions=THREE, members=members, observations=[vote]), A).status
 
     assert status() is Status.OUT
-    now[0] = NOW + MAX_AGE
+    clock.advance(MAX_AGE)
     assert status() is Status.OUT  # exactly max_age old still counts
-    now[0] = NOW + MAX_AGE + 0.001
+    clock.advance(0.001)
     assert status() is Status.UP
     assert latest_observations(quorum.view(regions=THREE, members=members, observations=[vote]), L) == {}
     with pytest.raises(ValueError):

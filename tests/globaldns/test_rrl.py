@@ -11,6 +11,7 @@ import dns.message
 import dns.rcode
 import pytest
 
+from region_agent.base.clock import ManualClock
 from region_agent.globaldns.answer import Responder
 from region_agent.globaldns.metrics import DnsCollector, DnsCounters
 from region_agent.globaldns.rrl import DROP, ERROR, NXDOMAIN, PASS, RESPONSE, SLIP, RateLimiter, RrlConfig
@@ -20,24 +21,17 @@ from region_agent.globaldns.settings import RrlSettings
 from region_agent.globaldns.tables import ZoneHolder
 from region_agent.state.model import AllDownPolicy
 from tests.conftest import wait_for
+from tests.fakes.dns_client import query_wire
 from tests.globaldns.zones import ALL, ZONE, down, ha, tables_for, up
 
 P, D, S = PASS, DROP, SLIP
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _limiter(rate: float = 5, *, slip: int = 2, window: float = 15, max_buckets: int = 100_000,
-             nx: float | None = None, errors: float | None = None) -> tuple[RateLimiter, Clock]:
-    clock = Clock()
+             nx: float | None = None, errors: float | None = None) -> tuple[RateLimiter, ManualClock]:
+    clock = ManualClock()
     config = RrlConfig(rate, nx or rate, errors or rate, window=window, slip=slip, max_buckets=max_buckets)
-    return RateLimiter(config, clock), clock
+    return RateLimiter(config, clock.monotonic), clock
 
 
 def _burst(limiter: RateLimiter, n: int, source: str = "192.0.2.1", kind: int = RESPONSE, name: bytes = b"\x04shop",
@@ -58,14 +52,14 @@ def test_a_burst_passes_the_rate_then_slips_every_nth(slip: int, expected: list[
 
 def test_credit_is_capped_at_one_second() -> None:
     limiter, clock = _limiter(5)
-    clock.now += 3600  # a quiet hour earns no more than one second's worth
+    clock.advance(3600)  # a quiet hour earns no more than one second's worth
     assert _burst(limiter, 7) == [P] * 5 + [D, S]
 
 
 def test_steady_traffic_at_the_rate_is_never_limited() -> None:
     limiter, clock = _limiter(5)
     for _ in range(500):
-        clock.now += 0.2
+        clock.advance(0.2)
         assert limiter.check("192.0.2.1", RESPONSE, b"\x04shop", 1) == PASS
 
 
@@ -73,7 +67,7 @@ def test_steady_traffic_at_the_rate_is_never_limited() -> None:
 def test_debt_is_capped_at_the_window(quiet: float, first: int) -> None:
     limiter, clock = _limiter(5, window=15, slip=0)
     _burst(limiter, 10_000)  # a long flood: debt stops at 15 s x 5/s
-    clock.now += quiet
+    clock.advance(quiet)
     assert limiter.check("192.0.2.1", RESPONSE, b"\x04shop", 1) == first
 
 
@@ -129,16 +123,14 @@ def test_settings_make_no_limiter_by_default_and_fill_in_the_rates() -> None:
 # ---------------------------------------------------------------- through the Responder
 
 
-def _responder(rate: float = 3, slip: int = 2) -> tuple[Responder, Clock]:
+def _responder(rate: float = 3, slip: int = 2) -> tuple[Responder, ManualClock]:
     limiter, clock = _limiter(rate, slip=slip)
     holder = ZoneHolder(tables_for([ha("shop")], {"shop": up(*ALL)}))
     return Responder(holder, DnsCounters(), rrl=limiter), clock
 
 
 def _wire(name: str, qid: int = 1) -> bytes:
-    query = dns.message.make_query(name, "A", use_edns=0, payload=1232)
-    query.id = qid
-    return query.to_wire()
+    return query_wire(name, qid=qid, use_edns=0, payload=1232)
 
 
 def test_responder_limits_udp_answers_memo_hits_included_and_never_tcp() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from region_agent.base.clock import ManualClock
 from region_agent.state.hlc import HybridClock, pack
 from region_agent.state.model import (
     SCHEMA_VERSION,
@@ -23,20 +24,14 @@ from region_agent.state.model import (
 )
 from region_agent.state.store import Entry, OwnershipError, Store, Version, entry_from_json, entry_to_json
 
-WALL_MS = 1_800_000_000_000
+WALL_MS = ManualClock().wall_ms()  # where every store's clock starts
 
 
-class Wall:
-    def __init__(self, ms: int = WALL_MS) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-
-def _store(writer: str = "sfo1/me", wall: Wall | None = None, ttl: float = 60.0) -> tuple[Store, CollectorRegistry]:
+def _store(writer: str = "sfo1/me", wall: ManualClock | None = None,
+           ttl: float = 60.0) -> tuple[Store, CollectorRegistry]:
     registry = CollectorRegistry()
-    return Store(writer=writer, clock=HybridClock(wall or Wall()), tombstone_ttl=ttl, registry=registry), registry
+    clock = HybridClock((wall or ManualClock()).wall_ms)
+    return Store(writer=writer, clock=clock, tombstone_ttl=ttl, registry=registry), registry
 
 
 def _rejected(registry: CollectorRegistry, reason: str) -> float:
@@ -150,7 +145,7 @@ def test_put_many_is_all_or_nothing(writer: str, item: tuple[Key, Value | None],
 
 def test_a_store_needs_a_writer_id_with_a_role() -> None:
     with pytest.raises(ModelError):
-        Store(writer="laptop", clock=HybridClock(Wall()))
+        Store(writer="laptop", clock=HybridClock(ManualClock().wall_ms))
 
 
 # --- schema version ----------------------------------------------------------------------
@@ -175,14 +170,14 @@ def test_unknown_schema_versions_are_refused(version: object) -> None:
 # --- tombstones ----------------------------------------------------------------------------
 
 def test_tombstones_expire_after_the_ttl_by_the_store_clock() -> None:
-    wall = Wall()
+    wall = ManualClock()
     store, registry = _store("standalone/me", wall, ttl=60)
     store.put_many([(project_key("a"), Project("a", ("sfo1",))), (project_key("b"), Project("b", ("sfo1",)))])
     store.put_many([(project_key("a"), None), (project_key("b"), None)])
-    wall.ms += 30_000
+    wall.advance(30)
     store.put(project_key("b"), Project("b", ("ams1",)))  # a write over a tombstone: no longer one
     assert store.expire_tombstones() == 0
-    wall.ms += 31_000
+    wall.advance(31)
     assert store.expire_tombstones() == 1
     assert store.entry(project_key("a")) is None and store.get(project_key("b")) is not None
     assert registry.get_sample_value("region_agent_state_tombstones_expired_total") == 1
@@ -190,13 +185,13 @@ def test_tombstones_expire_after_the_ttl_by_the_store_clock() -> None:
 
 
 def test_expiry_leaves_the_digest_equal_to_a_store_that_never_saw_the_key() -> None:
-    wall = Wall()
+    wall = ManualClock()
     store, _ = _store("control/me", wall, ttl=60)
     fresh, _ = _store("control/other", wall, ttl=60)
     keep = _entry(project_key("keep"), Project("keep", ("sfo1",)), "control/api")
     store.merge([keep, _entry(project_key("gone"), None, "control/api")])
     fresh.merge([keep])
     assert store.digest() != fresh.digest()
-    wall.ms += 61_000
+    wall.advance(61)
     store.expire_tombstones()
     assert store.digest() == fresh.digest()

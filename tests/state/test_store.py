@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from region_agent.base.clock import ManualClock
 from region_agent.state.hlc import ClockDriftError, HybridClock, pack, physical_ms
 from region_agent.state.model import (
     CopyHealth,
@@ -30,40 +31,32 @@ from region_agent.state.store import (
 )
 
 
-class Wall:
-    def __init__(self, ms: int = 1_800_000_000_000) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-
-def make_store(writer: str, wall: Wall | None = None) -> Store:
-    return Store(writer=writer, clock=HybridClock(wall or Wall()))
+def make_store(writer: str) -> Store:
+    return Store(writer=writer, clock=HybridClock(ManualClock().wall_ms))
 
 
 def test_hlc_is_monotonic_when_the_wall_clock_steps_back() -> None:
-    wall = Wall()
-    clock = HybridClock(wall)
+    wall = ManualClock()
+    clock = HybridClock(wall.wall_ms)
     first = clock.now()
-    wall.ms -= 5000
+    wall.step_wall(-5)
     second = clock.now()
     assert second > first
     assert physical_ms(second) == physical_ms(first)
 
 
 def test_hlc_moves_past_observed_remote_time() -> None:
-    wall = Wall()
-    clock = HybridClock(wall)
-    remote = pack(wall.ms + 1000, 7)
+    wall = ManualClock()
+    clock = HybridClock(wall.wall_ms)
+    remote = pack(wall.wall_ms() + 1000, 7)
     clock.observe(remote)
     assert clock.now() > remote
 
 
 def test_hlc_refuses_a_remote_clock_far_in_the_future() -> None:
-    wall = Wall()
+    wall = ManualClock()
     with pytest.raises(ClockDriftError):
-        HybridClock(wall).observe(pack(wall.ms + 3_600_000))
+        HybridClock(wall.wall_ms).observe(pack(wall.wall_ms() + 3_600_000))
 
 
 @pytest.mark.parametrize(
@@ -173,15 +166,15 @@ def test_digest_is_equal_iff_contents_are_equal_and_updates_incrementally() -> N
 
 
 def test_tombstones_hide_values_and_expire_after_the_ttl() -> None:
-    wall = Wall()
-    store = Store(writer="control/a", clock=HybridClock(wall), tombstone_ttl=60)
+    wall = ManualClock()
+    store = Store(writer="control/a", clock=HybridClock(wall.wall_ms), tombstone_ttl=60)
     store.put(project_key("shop"), Project("shop", ("sfo1",)))
     store.delete(project_key("shop"))
     assert store.get(project_key("shop")) is None
     assert store.snapshot().projects == {}
-    assert store.expire_tombstones(wall.ms + 59_000) == 0
+    assert store.expire_tombstones(wall.wall_ms() + 59_000) == 0
     assert len(store) == 1
-    assert store.expire_tombstones(wall.ms + 61_000) == 1
+    assert store.expire_tombstones(wall.wall_ms() + 61_000) == 1
     assert len(store) == 0
 
 

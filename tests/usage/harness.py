@@ -1,17 +1,16 @@
 """Service-level test rig: simulated time, a node's pods on the fake apiserver, and their true intervals.
 
-``SimClock`` is the service's clock *and* sleep: timers only fire when the test advances it, so a
-test can play ten minutes in a fraction of a second, and every pod timestamp the test writes is
-exactly the time the agent sees. The test waits for the agent to process each change
-(:meth:`Rig.sync`) before moving time on, so the billed seconds must equal the true ones exactly.
+A :class:`~region_agent.base.clock.ManualClock` is the service's clock *and* sleep: timers only
+fire when the test advances it, so a test can play ten minutes in a fraction of a second, and
+every pod timestamp the test writes (whole seconds of its wall time) is exactly the time the agent
+sees. The test waits for the agent to process each change (:meth:`Rig.sync`) before moving time on,
+so the billed seconds must equal the true ones exactly.
 Network I/O (the fake apiserver, the fake control plane) stays real, on loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, Configuration
 from prometheus_client import CollectorRegistry
 
+from region_agent.base.clock import ManualClock
 from region_agent.kube.resources import PODS
 from region_agent.kube.settings import WatchSettings
 from region_agent.kube.watch import Informer
@@ -39,44 +39,6 @@ REGION = "sfo1"
 WATCH = WatchSettings(server_timeout_min=30, server_timeout_max=30, read_margin=5.0, connect_timeout=2.0,
                       list_timeout=5.0, backoff_initial=0.01, backoff_cap=0.05, backoff_reset_after=5.0,
                       very_short_watch=0.0)
-
-
-class SimClock:
-    """Clock + sleep on simulated time (a ``Clock`` and a ``Sleep`` for the service)."""
-
-    def __init__(self, wall: float = 1_800_000_000.0) -> None:
-        self._wall = wall
-        self._mono = 1000.0
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
-
-    def wall(self) -> float:
-        return self._wall
-
-    def monotonic(self) -> float:
-        return self._mono
-
-    @property
-    def now(self) -> int:
-        return int(self._wall)
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            await asyncio.sleep(0)
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self._mono + seconds, next(self._seq), future))
-        await future
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward, waking every sleeper whose deadline passed (they run when the test yields)."""
-        target = self._mono + seconds
-        while self._sleepers and self._sleepers[0][0] <= target:
-            _, _, future = heapq.heappop(self._sleepers)
-            if not future.done():
-                future.set_result(None)
-        self._wall += target - self._mono
-        self._mono = target
 
 
 @dataclass
@@ -107,17 +69,22 @@ class Node:
     """The pods of one node on the fake apiserver, with their truth kept in step."""
 
     fake: FakeKubeApi
-    clock: SimClock
+    clock: ManualClock
     truth: Truth = field(default_factory=Truth)
     restarts: dict[str, int] = field(default_factory=dict)
     since: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def now(self) -> int:
+        """The clock's wall time in whole seconds, as pod timestamps carry it."""
+        return int(self.clock.wall())
 
     @staticmethod
     def uid(name: str) -> str:
         return f"uid-{name}"
 
     def start(self, name: str, **kw: Any) -> None:
-        now = self.clock.now
+        now = self.now
         self.since[name] = now
         self.restarts[name] = 0
         self.fake.put(PODS, up(now, name=name, uid=self.uid(name), node=NODE, **kw))
@@ -125,20 +92,20 @@ class Node:
 
     def crash(self, name: str) -> None:
         """The user container dies and waits to restart (CrashLoopBackOff); the pod stays."""
-        now = self.clock.now
+        now = self.now
         self.restarts[name] += 1
         self.fake.put(PODS, pod(name, uid=self.uid(name), node=NODE, statuses=[
             waiting(restarts=self.restarts[name], last_finished=now), running(self.since[name])]))
         self.truth.close(self.uid(name), now)
 
     def recover(self, name: str) -> None:
-        now = self.clock.now
+        now = self.now
         self.fake.put(PODS, pod(name, uid=self.uid(name), node=NODE, statuses=[
             running(now, restarts=self.restarts[name], last_finished=now), running(self.since[name])]))
         self.truth.open(self.uid(name), now)
 
     def finish(self, name: str, *, running_now: bool = True) -> None:
-        now = self.clock.now
+        now = self.now
         self.fake.put(PODS, down(now, name=name, uid=self.uid(name), node=NODE))
         if running_now:
             self.truth.close(self.uid(name), now)
@@ -146,7 +113,7 @@ class Node:
     def begin_delete(self, name: str, grace: int = 0) -> None:
         """Graceful deletion: deletionTimestamp set; the pod runs until it (the truth's end)."""
         self.fake.put(PODS, up(self.since[name], name=name, uid=self.uid(name), node=NODE,
-                               deletion=self.clock.now + grace))
+                               deletion=self.now + grace))
 
     def remove(self, name: str) -> None:
         self.fake.delete(PODS, "shop", name)
@@ -156,13 +123,17 @@ class Node:
 class Rig:
     fake: FakeKubeApi
     plane: FakeControlPlane
-    clock: SimClock
+    clock: ManualClock
     node: Node
     registry: CollectorRegistry
     settings: UsageSettings
     informer: Informer[MeteredPod]
     service: UsageService
     tasks: list[asyncio.Task[Any]]
+
+    @property
+    def now(self) -> int:
+        return self.node.now
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -243,7 +214,7 @@ async def rig(tmp_path: Path, *, ready: bool = True, **overrides: Any) -> AsyncI
     await fake.start()
     plane = FakeControlPlane(stall_for=0.5)
     await plane.start()
-    clock = SimClock()
+    clock = ManualClock()
     settings = usage_settings(tmp_path, plane, **overrides)
     async with ApiClient(Configuration(host=fake.url)) as api:
         current: Rig | None = None
@@ -259,7 +230,7 @@ async def rig(tmp_path: Path, *, ready: bool = True, **overrides: Any) -> AsyncI
             await fake.close()
 
 
-async def start_service(fake: FakeKubeApi, plane: FakeControlPlane, clock: SimClock, settings: UsageSettings,
+async def start_service(fake: FakeKubeApi, plane: FakeControlPlane, clock: ManualClock, settings: UsageSettings,
                         api: Any, node: Node | None = None, *, ready: bool = True) -> Rig:
     registry = CollectorRegistry()
     informer, service = build_usage(settings, api=api, registry=registry, region=REGION, node=NODE, watch=WATCH,

@@ -271,7 +271,7 @@ async def test_journal_is_bounded_and_a_reconcile_follows_an_overflow(
         r.node.start("ghost")  # starts and is deleted inside the dropped window: the documented loss
         await r.caught_up()
         await advance(r, 10)
-        r.node.truth.close(r.node.uid("ghost"), r.clock.now)
+        r.node.truth.close(r.node.uid("ghost"), r.now)
         r.node.remove("ghost")
         await r.caught_up()
         assert r.service.journal_events == 100
