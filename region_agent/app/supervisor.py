@@ -49,7 +49,7 @@ from region_agent.health.operator import Document
 from region_agent.health.service import HealthService
 from region_agent.state.hlc import HybridClock
 from region_agent.state.local import RegionView
-from region_agent.state.model import Kind
+from region_agent.state.model import CONTROL, Kind, role_writer
 from region_agent.state.observations import Observations
 from region_agent.state.persist import StoreSnapshotFile
 from region_agent.state.store import TOMBSTONE_SWEEP_SECONDS, Entry, Store
@@ -84,7 +84,7 @@ class Agent:
                                       poll_interval=settings.zone_file_poll_interval, settle=settings.zone_file_settle,
                                       max_bytes=settings.zone_file_max_bytes,
                                       allow_mass_removal=mass_removal_allowed(settings),
-                                      writer=f"control/{settings.node}" if in_cluster else None)
+                                      writer=role_writer(settings.writer_id, CONTROL) if in_cluster else None)
             self.zone_file = ZoneFileSource(watcher, synced=self._cluster_synced if in_cluster else None)
         # What this agent's checks see of copies: beside the store, never written into it.
         self.observations = Observations()

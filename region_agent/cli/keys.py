@@ -7,7 +7,8 @@
 ``keys use KEY --file F``                          send with KEY (step 2; KEY must be installed)
 ``keys remove KEY --file F``                       stop accepting KEY (step 3; not the primary)
 ``keys init --dir D``                              D/keyring.json with one key, D/ca.pem, D/ca-key.pem
-``keys cert --ca-dir D --name N --ip A --out O``   O/N.pem and O/N-key.pem signed by the CA (+ O/ca.pem)
+``keys cert --ca-dir D --region R [--node N]``     O/<name>.pem and O/<name>-key.pem signed by the CA (+ O/ca.pem):
+``  [--name N] [--ip A] [--dns H] --out O``         the agent's identity certificate, naming its region (and node)
 =================================================  ===============================================
 
 The agents re-read the keyring file when it changes (:class:`region_agent.gossip.keyfile.KeyringWatcher`),
@@ -32,6 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from region_agent.base.identity import IdentityError, identity_urn
 from region_agent.gossip.keyfile import KeyringFileError, load_keyring, save_keyring
 from region_agent.gossip.keyring import KeyOperationError, Keyring, encode_key, generate_key, parse_key
 
@@ -72,15 +74,26 @@ def make_ca(common_name: str = "region-agent gossip CA", *, days: int = CA_DAYS,
 
 
 def issue_cert(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, name: str, *,
+               region: str | None = None, node: str | None = None,
                ips: Sequence[str] = (), dns: Sequence[str] = (),
                days: int = CERT_DAYS, not_before: datetime | None = None,
                ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """An agent certificate (EC P-256) for both ends of a stream: serverAuth and clientAuth.
+    """An agent's identity certificate (EC P-256) for both ends of a stream: serverAuth and clientAuth.
 
-    ``not_before`` (default now) and ``days`` set the validity; tests make expired ones with them.
+    ``region`` (and ``node``) go into the SAN URI ``urn:region-agent:region:<region>[:node:<node>]``
+    that every signature this agent makes is checked against; IP and DNS names are optional (peers
+    are addressed by IP and the chain to the CA is what counts). ``not_before`` (default now) and
+    ``days`` set the validity; tests make expired ones with them.
     """
-    if not ips and not dns:
-        raise KeysError("an agent certificate needs at least one --ip or --dns")
+    if region is None and not ips and not dns:
+        raise KeysError("an agent certificate needs --region (and at least one --ip or --dns without it)")
+    if node is not None and region is None:
+        raise KeysError("--node needs --region")
+    try:
+        urn = None if region is None else identity_urn(region, node)
+    except IdentityError:
+        raise KeysError(f"--region {region!r} / --node {node!r}: a region is IATA + number (sfo1), a node "
+                        "letters, digits, dots, dashes, underscores") from None
     try:
         addresses = [ipaddress.ip_address(ip) for ip in ips]
     except ValueError as exc:
@@ -92,7 +105,8 @@ def issue_cert(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, na
         raise KeysError("--days must be positive")
     start = not_before or datetime.now(UTC) - timedelta(minutes=5)
     key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = [x509.IPAddress(a) for a in addresses]
+    sans: list[x509.GeneralName] = [] if urn is None else [x509.UniformResourceIdentifier(urn)]
+    sans += [x509.IPAddress(a) for a in addresses]
     sans += [x509.DNSName(h) for h in dns]
     cert = (
         x509.CertificateBuilder()
@@ -181,11 +195,18 @@ def safe_name(name: str) -> str:
     return safe
 
 
-def issue_to_dir(ca_dir: Path, name: str, out: Path, *, ips: Sequence[str], dns: Sequence[str],
+def issue_to_dir(ca_dir: Path, name: str | None, out: Path, *, ips: Sequence[str], dns: Sequence[str],
+                 region: str | None = None, node: str | None = None,
                  days: int = CERT_DAYS, not_before: datetime | None = None) -> list[Path]:
-    """``out/<name>.pem`` and ``out/<name>-key.pem`` (and ``out/ca.pem``, if ``out`` has none)."""
+    """``out/<name>.pem`` and ``out/<name>-key.pem`` (and ``out/ca.pem``, if ``out`` has none).
+    ``name`` defaults to ``<region>`` or ``<region>-<node>``."""
+    if name is None:
+        if region is None:
+            raise KeysError("--name or --region is required")
+        name = region if node is None else f"{region}-{node}"
     ca_cert, ca_key = _load_ca(ca_dir)
-    cert, key = issue_cert(ca_cert, ca_key, name, ips=ips, dns=dns, days=days, not_before=not_before)
+    cert, key = issue_cert(ca_cert, ca_key, name, region=region, node=node, ips=ips, dns=dns, days=days,
+                           not_before=not_before)
     base = safe_name(name)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -272,7 +293,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 print(f"wrote {path}")
         elif args.keys_command == "cert":
             for path in issue_to_dir(Path(args.ca_dir), args.name, Path(args.out), ips=args.ip or [],
-                                     dns=args.dns or [], days=args.days):
+                                     dns=args.dns or [], region=args.region, node=args.node, days=args.days):
                 print(f"wrote {path}")
     except KeysError as exc:
         print(f"region-agent keys: {exc}", file=sys.stderr)
@@ -295,10 +316,14 @@ def add_keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         edit.add_argument("--file", required=True, help="the keyring file (JSON), replaced atomically")
     init = cmds.add_parser("init", help=f"create {KEYRING_FILE} with one key and a cluster CA in a directory")
     init.add_argument("--dir", required=True)
-    cert = cmds.add_parser("cert", help="issue an agent certificate signed by the cluster CA")
+    cert = cmds.add_parser("cert", help="issue an agent's identity certificate signed by the cluster CA")
     cert.add_argument("--ca-dir", required=True, help=f"the directory with {CA_CERT_FILE} and {CA_KEY_FILE}")
-    cert.add_argument("--name", required=True, help="the agent's name (certificate CN and file names)")
-    cert.add_argument("--ip", action="append", help="an IP address of the agent (repeatable)")
-    cert.add_argument("--dns", action="append", help="a DNS name of the agent (repeatable)")
+    cert.add_argument("--region", help="the agent's region: what its signatures may write (required for an "
+                      "identity; SAN urn:region-agent:region:<region>[:node:<node>])")
+    cert.add_argument("--node", help="the agent's node, when the certificate is for one agent (optional: one "
+                      "certificate per region is fine)")
+    cert.add_argument("--name", help="certificate CN and file names (default <region>[-<node>])")
+    cert.add_argument("--ip", action="append", help="an IP address of the agent (repeatable, optional)")
+    cert.add_argument("--dns", action="append", help="a DNS name of the agent (repeatable, optional)")
     cert.add_argument("--out", required=True, help="directory for <name>.pem, <name>-key.pem (and ca.pem)")
     cert.add_argument("--days", type=int, default=CERT_DAYS, help=f"validity (default {CERT_DAYS})")

@@ -17,7 +17,7 @@ Contract (the OpenAPI document ``openapi.json`` beside this module, served at
   (``$.regions[1]``, ``path.slug``, ``header.Idempotency-Key``) and changing nothing;
   bodies are bounded (``max_body_bytes``, 413) and must be JSON (415), unknown fields are
   refused (422).
-- **writes** (PUT, DELETE, POST) go through ``store.put_many(items, writer="control/<node>")``
+- **writes** (PUT, DELETE, POST) go through ``store.put_many(items, writer="control/<region>.<node>")``
   and only while ``has_majority()``: otherwise 503 with ``Retry-After`` and
   ``X-Degraded: true`` (reads keep working), so a partition never swallows a change.
 - **idempotency**: ``Idempotency-Key`` (or a well-formed ``X-Request-Id``) replays the first
@@ -52,7 +52,17 @@ from region_agent.control.validation import (
     path_region,
     path_slug,
 )
-from region_agent.state.model import Key, Value, fence_key, project_key, region_key, writer_role
+from region_agent.state.model import (
+    CONTROL,
+    Key,
+    Value,
+    fence_key,
+    project_key,
+    region_key,
+    role_writer,
+    writer_agent,
+    writer_role,
+)
 from region_agent.state.serial import zone_serial
 from region_agent.state.store import Store
 
@@ -158,7 +168,7 @@ class ControlAPI:
         ``zone``: the zone's description (the agent's ``/zone`` document); without it
         ``/v1/zone`` describes the replicated records.
         """
-        self.writer = f"control/{node}"
+        self.writer = role_writer(store.writer, CONTROL) if writer_agent(store.writer) else f"control/{node}"
         writer_role(self.writer)  # raises for a node name with a slash
         self.store = store
         self.node = node

@@ -30,7 +30,7 @@ from region_agent.globaldns.rrl import RateLimiter, RrlConfig
 from region_agent.globaldns.server import DnsServer, TcpLimits
 from region_agent.globaldns.settings import DnsSettings, RrlSettings
 from region_agent.globaldns.tables import Locator, ZoneHolder, ZoneTables
-from region_agent.state.model import Kind, Region
+from region_agent.state.model import ACME, Kind, Region, role_writer
 from region_agent.state.observations import Observations, ObservedState
 from region_agent.state.store import Entry, StateView, Store
 
@@ -72,9 +72,8 @@ def acme_updates(settings: DnsSettings, store: Store, holder: ZoneHolder,
     if not specs and acme.tsig_keys_file is None:
         return None  # with a keys file UPDATE is on even while it holds no key: keys may come without a restart
     keyring = build_keyring(specs, acme.tsig_keys_file)
-    node = store.writer.partition("/")[2]
     config = AcmeConfig(
-        apex=settings.zone, keyring=keyring, writer=f"acme/{node}",
+        apex=settings.zone, keyring=keyring, writer=role_writer(store.writer, ACME),
         limits=UpdateLimits(acme.max_value_length, acme.max_records_per_name, acme.max_records),
         lifetime=acme.record_lifetime, updates_per_second=acme.updates_per_second,
         burst=max(1, int(acme.updates_per_second * 2)))

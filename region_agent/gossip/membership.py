@@ -16,6 +16,11 @@ The rules follow memberlist's ``state.go`` (hashicorp/memberlist):
 * news (alive, suspect, dead, user broadcasts) is queued and piggybacked on every packet, and
   pushed to ``gossip_nodes`` random members every gossip interval;
 * push-pull of the whole member list with one random member periodically and right after a join.
+
+With :class:`~region_agent.gossip.credentials.Credentials` every member record is signed by its
+member and checked before it counts (see that module); an accusation (suspect, dead) about an
+incarnation newer than the member's signed record is ignored, so no forged datagram can push a
+member past the incarnation it can refute.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ from typing import Protocol
 
 from region_agent.gossip.awareness import Awareness
 from region_agent.gossip.config import GossipConfig
+from region_agent.gossip.credentials import Credentials
 from region_agent.gossip.messages import (
     MAX_COMPOUND_PARTS,
+    MAX_UINT32,
+    NO_PROOF,
     Ack,
     Address,
     Alive,
@@ -44,6 +52,7 @@ from region_agent.gossip.messages import (
     Nack,
     Ping,
     PingReq,
+    Proof,
     PushPull,
     Single,
     State,
@@ -108,6 +117,7 @@ class _Node:
     member: Member
     state: State
     since: float
+    proof: Proof = NO_PROOF    # the member's own signature of its record (empty without credentials)
 
 
 @dataclass(slots=True)
@@ -132,14 +142,16 @@ class _Relay:
 
 
 _LIVE = (State.ALIVE, State.SUSPECT)
+MAX_INCARNATION_LEAP = 1 << 20   # how far past our own incarnation an accusation of us is still refuted
 _GONE = (State.DEAD, State.LEFT)
 
 
 class Membership:
     def __init__(self, config: GossipConfig, local: Member, transport: Transport, scheduler: Scheduler, *,
                  rng: random.Random | None = None, events: Events | None = None,
-                 stats: GossipStats | None = None) -> None:
+                 stats: GossipStats | None = None, credentials: Credentials | None = None) -> None:
         self.config = config
+        self._credentials = credentials
         self._transport = transport
         self._scheduler = scheduler
         self._rng = rng or random.Random()
@@ -150,7 +162,7 @@ class Membership:
         # Incarnations start at 1 so that a peer's "never heard of it" (0) is always older.
         local = dataclasses.replace(local, incarnation=max(1, local.incarnation))
         self._name = local.name
-        self._nodes: dict[str, _Node] = {local.name: _Node(local, State.ALIVE, scheduler.now())}
+        self._nodes: dict[str, _Node] = {local.name: _Node(local, State.ALIVE, scheduler.now(), self._prove(local))}
         self._live = 1
         self._probe_list: list[str] = [local.name]
         self._probe_index = 0
@@ -165,6 +177,13 @@ class Membership:
         self._gossip_phase = 0.0
         self.running = False
         self.leaving = False
+
+    def _prove(self, member: Member) -> Proof:
+        return NO_PROOF if self._credentials is None else self._credentials.prove(member)
+
+    def _alive_message(self, name: str) -> bytes:
+        node = self._nodes[name]
+        return encode(Alive(node.member, node.proof))
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -320,7 +339,7 @@ class Membership:
             case Suspect():
                 self._suspect_node(message)
             case Alive():
-                self._alive_node(message.member)
+                self._alive_node(message.member, message.proof)
             case Dead():
                 self._dead_node(message)
             case User():
@@ -450,15 +469,20 @@ class Membership:
 
     # --- state transitions ----------------------------------------------------------------------
 
-    def _alive_node(self, member: Member) -> None:
+    def _alive_node(self, member: Member, proof: Proof = NO_PROOF, cert: bytes = b"") -> None:
         name = member.name
         # We are on our way out: nobody may talk us back in.
         if self.leaving and name == self._name:
             return
         node = self._nodes.get(name)
+        if self._credentials is not None and (node is None or member != node.member or proof != node.proof):
+            problem = self._credentials.check(member, proof, cert)
+            if problem is not None:
+                self.stats.rejected[problem] += 1
+                return
         if node is None:
-            self._add_node(member, State.ALIVE)
-            self._enqueue("m:" + name, encode(Alive(member)))
+            self._add_node(member, State.ALIVE, proof)
+            self._enqueue("m:" + name, encode(Alive(member, proof)))
             return
         if name == self._name:
             # An alive about us that is not exactly ours (older record, or someone using our name): refute.
@@ -476,7 +500,8 @@ class Membership:
         suspicion = self._suspicions.pop(name, None)
         if suspicion is not None:
             suspicion.cancel()
-        self._enqueue("m:" + name, encode(Alive(member)))
+        node.proof = proof
+        self._enqueue("m:" + name, encode(Alive(member, proof)))
         self._set(node, State.ALIVE, member)
 
     def _suspect_node(self, message: Suspect) -> None:
@@ -484,6 +509,8 @@ class Membership:
         # Unknown member, or news older than what we know: ignore.
         if node is None or message.incarnation < node.member.incarnation:
             self._remind_if_about_us(message.node)
+            return
+        if self._beyond_refutation(message.node, message.incarnation, node.member.incarnation):
             return
         suspicion = self._suspicions.get(message.node)
         if suspicion is not None:
@@ -520,6 +547,8 @@ class Membership:
         if node is None or message.incarnation < node.member.incarnation:
             self._remind_if_about_us(message.node)
             return
+        if self._beyond_refutation(message.node, message.incarnation, node.member.incarnation):
+            return
         suspicion = self._suspicions.pop(message.node, None)
         if suspicion is not None:
             suspicion.cancel()
@@ -532,12 +561,27 @@ class Membership:
         self._set(node, State.LEFT if message.is_leave else State.DEAD,
                   dataclasses.replace(node.member, incarnation=message.incarnation))
 
+    def _beyond_refutation(self, name: str, accused: int, known: int) -> bool:
+        """Whether an accusation names an incarnation that only a forgery can name, and is ignored.
+
+        About another member: any incarnation newer than its own (signed) record; its alive comes
+        first, then news of it. About us: one more than ``MAX_INCARNATION_LEAP`` past ours (a
+        restarted agent refutes the accusations of its previous life, which it starts above);
+        at 2**32-1 an accusation could never be outbid, so a forged one must not be taken.
+        """
+        limit = known + MAX_INCARNATION_LEAP if name == self._name else known
+        if accused <= limit:
+            return False
+        self.stats.rejected["future-incarnation"] += 1
+        self._remind_if_about_us(name)
+        return True
+
     def _remind_if_about_us(self, name: str) -> None:
         """Someone still repeats an accusation we already refuted: queue our current alive again
         (no new incarnation). A suspector's ping carries its suspicion, so our ack carries the
         answer straight back, instead of hoping the refutation's epidemic reached it."""
         if name == self._name and not self.leaving:
-            self._enqueue("m:" + self._name, encode(Alive(self.local)))
+            self._enqueue("m:" + self._name, self._alive_message(self._name))
 
     def update_meta(self, meta: dict[str, str]) -> bool:
         """Change this node's metadata (memberlist's UpdateNode): a new incarnation, announced at once.
@@ -546,35 +590,36 @@ class Membership:
         wanted = Member.meta_from(meta)
         if wanted == node.member.meta:
             return False
-        member = dataclasses.replace(node.member, meta=wanted, incarnation=node.member.incarnation + 1)
-        node.member = member
-        self._enqueue("m:" + self._name, encode(Alive(member)), urgent=True)
+        member = dataclasses.replace(node.member, meta=wanted, incarnation=min(MAX_UINT32, node.member.incarnation + 1))
+        node.member, node.proof = member, self._prove(member)
+        self._enqueue("m:" + self._name, self._alive_message(self._name), urgent=True)
         self._events.member_changed(MemberView(member, node.state, node.since), node.state)
         return True
 
     def _refute(self, accused: int) -> None:
         """Someone thinks we are suspect or dead at incarnation ``accused``: outbid it."""
         node = self._nodes[self._name]
-        member = dataclasses.replace(node.member, incarnation=max(node.member.incarnation, accused) + 1)
-        node.member = member
+        member = dataclasses.replace(node.member,
+                                     incarnation=min(MAX_UINT32, max(node.member.incarnation, accused) + 1))
+        node.member, node.proof = member, self._prove(member)
         self.stats.refutations += 1
         self._awareness.apply(1)
-        self._enqueue("m:" + self._name, encode(Alive(member)), urgent=True)
+        self._enqueue("m:" + self._name, self._alive_message(self._name), urgent=True)
 
     def _merge(self, states: Sequence[MemberState]) -> None:
         for row in states:
             member = row.member
             if row.state is State.ALIVE:
-                self._alive_node(member)
+                self._alive_node(member, row.proof, row.cert)
             elif row.state is State.LEFT:
                 self._dead_node(Dead(member.name, member.incarnation, member.name))
             else:
                 # A peer's suspicion or verdict is only a reason to suspect: we check ourselves.
                 self._suspect_node(Suspect(member.name, member.incarnation, self._name))
 
-    def _add_node(self, member: Member, state: State) -> None:
+    def _add_node(self, member: Member, state: State, proof: Proof = NO_PROOF) -> None:
         now = self._scheduler.now()
-        node = _Node(member, state, now)
+        node = _Node(member, state, now, proof)
         self._nodes[member.name] = node
         if state in _LIVE:
             self._live += 1
@@ -679,7 +724,10 @@ class Membership:
         self._send_stream(addr, self._push_pull_payload(join=False, reply=False), "push_pull")
 
     def _push_pull_payload(self, *, join: bool, reply: bool) -> bytes:
-        states = tuple(MemberState(n.member, n.state) for n in self._nodes.values())
+        credentials = self._credentials
+        states = tuple(MemberState(n.member, n.state, n.proof,
+                                   b"" if credentials is None or not n.proof else credentials.certificate(n.proof))
+                       for n in self._nodes.values())
         return encode(PushPull(join, reply, states))
 
     # --- helpers --------------------------------------------------------------------------------

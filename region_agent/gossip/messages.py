@@ -10,6 +10,9 @@ Version history (WARNING: only append message types; the numbers are part of the
       compound, push-pull, user.
   — sync (10): anti-entropy of the replicated store over streams (appended; an older agent
       counts it as malformed and the round simply does not happen).
+  2 — an alive carries its member's proof (the signer's certificate fingerprint and a signature
+      over the member record, :func:`member_bytes`); a push-pull row carries the proof and the
+      member's identity certificate (DER), so a joining agent can check every member it is told of.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Final
 
-VERSION: Final = 1
+VERSION: Final = 2
 
 MAX_NAME = 160
 MAX_NODE = 128
@@ -39,6 +42,9 @@ MAX_SYNC_ENTRIES = 1_000_000
 DIGEST_BYTES = 16
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024   # a push-pull of MAX_MEMBERS small records stays below it
 MAX_UINT32 = 0xFFFF_FFFF
+MAX_SIGNER = 64
+MAX_SIGNATURE = 160
+MAX_CERT = 8 * 1024
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -170,14 +176,36 @@ class Member:
 
 
 @dataclass(frozen=True, slots=True)
+class Proof:
+    """Who signed a member record: a certificate fingerprint and the signature (empty: unsigned)."""
+
+    signer: str = ""
+    signature: bytes = b""
+
+    def __post_init__(self) -> None:
+        _check(_typed(self.signer, str) and len(self.signer) <= MAX_SIGNER and self.signer.isascii(), "bad signer")
+        _check(_typed(self.signature, bytes) and len(self.signature) <= MAX_SIGNATURE, "bad signature")
+
+    def __bool__(self) -> bool:
+        return bool(self.signature)
+
+
+NO_PROOF: Final = Proof()
+
+
+@dataclass(frozen=True, slots=True)
 class MemberState:
-    """One row of a push-pull: a member and what the sender believes of it."""
+    """One row of a push-pull: a member, what the sender believes of it, its proof and certificate."""
 
     member: Member
     state: State
+    proof: Proof = NO_PROOF
+    cert: bytes = b""   # the member's identity certificate (DER), so the receiver can check the proof
 
     def __post_init__(self) -> None:
         _check(_typed(self.member, Member) and _typed(self.state, State), "bad member state")
+        _check(_typed(self.proof, Proof), "bad proof")
+        _check(_typed(self.cert, bytes) and len(self.cert) <= MAX_CERT, "bad certificate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,9 +267,11 @@ class Suspect:
 @dataclass(frozen=True, slots=True)
 class Alive:
     member: Member
+    proof: Proof = NO_PROOF
 
     def __post_init__(self) -> None:
         _check(_typed(self.member, Member), "bad member")
+        _check(_typed(self.proof, Proof), "bad proof")
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +429,18 @@ class _Writer:
             self.bytes16(value.encode())
         self.u32(m.incarnation)
 
+    def proof(self, proof: Proof) -> None:
+        self.str8(proof.signer)
+        self.u8(len(proof.signature))
+        self.buf += proof.signature
+
+
+def member_bytes(member: Member) -> bytes:
+    """The bytes a member's proof signs: its record as encoded on the wire."""
+    w = _Writer()
+    w.member(member)
+    return bytes(w.buf)
+
 
 def encode(message: Message) -> bytes:
     w = _Writer()
@@ -421,8 +463,9 @@ def encode(message: Message) -> bytes:
             w.str8(node)
             w.u32(incarnation)
             w.str8(source)
-        case Alive(member):
+        case Alive(member, proof):
             w.member(member)
+            w.proof(proof)
         case User(key, origin, payload):
             w.str8(key)
             w.str8(origin)
@@ -437,6 +480,8 @@ def encode(message: Message) -> bytes:
             for row in states:
                 w.member(row.member)
                 w.u8(row.state)
+                w.proof(row.proof)
+                w.bytes16(row.cert)
         case Sync(phase, round_, origin, digest, buckets, entries, more):
             w.u8(phase)
             w.u32(round_)
@@ -512,6 +557,9 @@ class _Reader:
         meta = tuple((self.str8(), self.text(self.u16())) for _ in range(count))
         return Member(name, region, node, _ROLES[role], addr, meta, self.u32())
 
+    def proof(self) -> Proof:
+        return Proof(self.str8(), self.take(self.u8()))
+
     def done(self) -> None:
         _check(self.pos == len(self.data), "trailing bytes")
 
@@ -538,7 +586,7 @@ def decode(data: bytes) -> Message:
     elif kind == MessageType.SUSPECT:
         message = Suspect(r.str8(), r.u32(), r.str8())
     elif kind == MessageType.ALIVE:
-        message = Alive(r.member())
+        message = Alive(r.member(), r.proof())
     elif kind == MessageType.DEAD:
         message = Dead(r.str8(), r.u32(), r.str8())
     elif kind == MessageType.USER:
@@ -557,7 +605,7 @@ def decode(data: bytes) -> Message:
             member = r.member()
             state = r.u8()
             _check(state < len(_STATES), "unknown member state")
-            states.append(MemberState(member, _STATES[state]))
+            states.append(MemberState(member, _STATES[state], r.proof(), r.bytes16()))
         message = PushPull(bool(flags & 1), bool(flags & 2), tuple(states))
     elif kind == MessageType.SYNC:
         phase = r.u8()

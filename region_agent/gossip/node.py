@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from region_agent.gossip.credentials import Credentials
 from region_agent.gossip.keyring import Keyring
 from region_agent.gossip.membership import Membership, MemberView
 from region_agent.gossip.messages import Address, Member, MessageError, MessageType, Role, State, User, decode
@@ -35,7 +36,8 @@ LEAVE_GRACE = 1.0   # seconds the leave broadcast gets to go out before the sock
 
 class GossipNode:
     def __init__(self, settings: GossipSettings, *, region: str, node: str, keyring: Keyring, replica: Replica,
-                 role: Role = Role.AGENT, tls: Any = None, rng: random.Random | None = None) -> None:
+                 role: Role = Role.AGENT, tls: Any = None, rng: random.Random | None = None,
+                 credentials: Credentials | None = None) -> None:
         self.settings = settings
         self.name = f"{region}/{node}"
         self.region = region
@@ -44,6 +46,7 @@ class GossipNode:
         self.keyring = keyring
         self.replica = replica
         self.tls = tls
+        self.credentials = credentials   # signed member records; None: a lab cluster (records taken as given)
         self.stats = GossipStats()
         self.config = settings.timings()
         self.transport: GossipTransport | None = None
@@ -64,9 +67,11 @@ class GossipNode:
                                                 self.stats, advertised=self.settings.advertised, tls=self.tls,
                                                 max_stream=self.config.stream_bytes)
         self.transport = transport
-        local = Member(self.name, self.region, self.node, self.role, transport.addr)
+        # A restarted agent starts above every incarnation of its previous life (wall seconds), so
+        # the others' memory of it is old news and no accusation of its past needs refuting.
+        local = Member(self.name, self.region, self.node, self.role, transport.addr, incarnation=int(time.time()))
         self.membership = Membership(self.config, local, transport, AsyncioScheduler(), rng=self._rng,
-                                     events=self, stats=self.stats)
+                                     events=self, stats=self.stats, credentials=self.credentials)
         self.anti_entropy = AntiEntropy(name=self.name, replica=self.replica, send=transport.send_stream,
                                         peers=self.peer_addresses, interval=self.settings.sync_interval,
                                         rng=self._rng)

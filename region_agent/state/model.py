@@ -10,24 +10,30 @@ gossip). Each key has exactly one owner, the only kind of writer allowed to chan
 | ``("copy", slug, region)`` | :class:`CopyHealth` | ``region:<region>`` |
 | ``("acme", name, rdata hex)`` | :class:`Challenge` | ``acme`` (RFC 2136 updates) |
 | ``("fence", region)`` | :class:`Fence` | ``control`` (a region taken out of every answer) |
+| ``("cert", region, fingerprint)`` | :class:`Certificate` | ``region:<region>`` (an agent's identity certificate) |
 
-Writer ids say which owner roles they hold: ``<region>/<node>`` for an agent,
-``control/<id>`` for the control plane, ``acme/<node>`` for an agent writing what a signed
-RFC 2136 UPDATE asked, and ``standalone/<host>`` for a standalone agent
-that is the whole system by itself and may write every key. A standalone writer's entries
-are never accepted from a peer (:func:`may_merge`): replicated, its right to write every
-key would let it overwrite every region.
+Writer ids say which owner roles they hold and which agent made the write: ``<region>/<node>``
+for an agent writing its region's keys, ``control/<region>.<node>`` for an agent taking a
+control-API write (or importing a zone file), ``acme/<region>.<node>`` for an agent writing what
+a signed RFC 2136 UPDATE asked (:func:`agent_writer`), and ``standalone/<host>`` for a standalone
+agent that is the whole system by itself and may write every key. So two agents never share a
+writer id, and a signed entry's writer id names the agent whose certificate must cover it
+(:func:`writer_agent`). A standalone writer's entries are never accepted from a peer
+(:func:`may_merge`): replicated, its right to write every key would let it overwrite every region.
 
 Entries are encoded with :data:`SCHEMA_VERSION`; a decoder refuses any other version.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from region_agent.base.identity import FINGERPRINT_HEX, MAX_CERT_BYTES, fingerprint
 from region_agent.base.names import project_slug, region_name
 
 
@@ -37,6 +43,7 @@ class Kind(enum.StrEnum):
     COPY = "copy"
     ACME = "acme"
     FENCE = "fence"
+    CERT = "cert"
 
 
 Key = tuple[str, ...]
@@ -258,14 +265,43 @@ class Fence:
         return cls(region=str(data["region"]), reason=str(data.get("reason") or ""))
 
 
-Value = Region | Project | CopyHealth | Challenge | Fence
+@dataclass(frozen=True, slots=True)
+class Certificate:
+    """An agent's identity certificate (DER), in the store so that any agent can verify what it
+    signed, whoever relays it, long after it left. The key names its region and fingerprint; the
+    entry's verifier checks the certificate against the cluster CA."""
 
-_CODECS: dict[Kind, type[Region] | type[Project] | type[CopyHealth] | type[Challenge] | type[Fence]] = {
+    der: bytes
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.der) <= MAX_CERT_BYTES:
+            raise ModelError("certificate must be 1 to 8192 bytes of DER")
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.der)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"der": base64.b64encode(self.der).decode()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Certificate:
+        try:
+            return cls(base64.b64decode(str(data["der"]), validate=True))
+        except binascii.Error as exc:
+            raise ModelError(f"certificate: not base64: {exc}") from None
+
+
+Value = Region | Project | CopyHealth | Challenge | Fence | Certificate
+
+_CODECS: dict[Kind, type[Region] | type[Project] | type[CopyHealth] | type[Challenge] | type[Fence]
+              | type[Certificate]] = {
     Kind.REGION: Region,
     Kind.PROJECT: Project,
     Kind.COPY: CopyHealth,
     Kind.ACME: Challenge,
     Kind.FENCE: Fence,
+    Kind.CERT: Certificate,
 }
 
 
@@ -289,9 +325,13 @@ def fence_key(region: str) -> Key:
     return (Kind.FENCE.value, region)
 
 
+def cert_key(region: str, cert: Certificate) -> Key:
+    return (Kind.CERT.value, region, cert.fingerprint)
+
+
 _SHAPES: dict[str, tuple[Kind, int]] = {Kind.REGION.value: (Kind.REGION, 2), Kind.PROJECT.value: (Kind.PROJECT, 2),
                                          Kind.COPY.value: (Kind.COPY, 3), Kind.ACME.value: (Kind.ACME, 3),
-                                         Kind.FENCE.value: (Kind.FENCE, 2)}
+                                         Kind.FENCE.value: (Kind.FENCE, 2), Kind.CERT.value: (Kind.CERT, 3)}
 
 
 def check_key(key: Key) -> Kind:
@@ -309,6 +349,8 @@ def owner_of(key: Key) -> str:
     kind = check_key(key)
     if kind is Kind.COPY:
         return f"region:{key[2]}"
+    if kind is Kind.CERT:
+        return f"region:{key[1]}"
     if kind is Kind.ACME:
         return ACME
     return "control"
@@ -320,8 +362,39 @@ ACME = "acme"
 
 # The version of the entry encoding (``region_agent.state.store.entry_to_json``). Bump it when a
 # record's shape changes in a way an older agent would misread; an agent refuses entries
-# of a version it does not know rather than guess at them.
-SCHEMA_VERSION = 1
+# of a version it does not know rather than guess at them. 2: signed entries (signer, sig),
+# certificate records, writer ids naming the agent.
+SCHEMA_VERSION = 2
+
+
+def agent_writer(role: str, region: str, node: str) -> str:
+    """The writer id of agent (region, node) acting as ``role``: a region name (its own region's
+    keys), ``control`` or ``acme``."""
+    return f"{region}/{node}" if role == region else f"{role}/{region}.{node}"
+
+
+def role_writer(own: str, role: str) -> str:
+    """The writer id this agent (writer id ``own``) uses for ``role`` (``control``, ``acme``)."""
+    agent = writer_agent(own)
+    if agent is None:
+        return f"{role}/{own.partition('/')[2]}"
+    return agent_writer(role, *agent)
+
+
+def writer_agent(writer: str) -> tuple[str, str] | None:
+    """The (region, node) of the agent a writer id names, or None (standalone, or an old-style id)."""
+    role, _, node = writer.partition("/")
+    if role in (CONTROL, ACME):
+        region, dot, rest = node.partition(".")
+        if not dot or not rest:
+            return None
+        try:
+            return region_name(region), rest
+        except ValueError:
+            return None
+    if role == STANDALONE:
+        return None
+    return role, node
 
 
 def writer_role(writer: str) -> str:
@@ -369,6 +442,8 @@ def value_matches(key: Key, value: Value) -> bool:
         return (value.name, value.rdata.hex()) == key[1:]
     if isinstance(value, Fence):
         return value.region == key[1]
+    if isinstance(value, Certificate):
+        return len(key[2]) == FINGERPRINT_HEX and value.fingerprint == key[2]
     return True
 
 

@@ -6,9 +6,19 @@ order updates arrive in (last writer wins on a hybrid logical clock, ties broken
 id), so two stores that have seen the same entries are equal. Deletes are tombstones that
 win like writes and are dropped after ``tombstone_ttl`` so the store does not grow forever.
 
-The digest is the sum, modulo 2**128, of one hash per entry, kept per bucket (the first
-byte of a hash of the key): adding or replacing an entry updates it in O(1), two stores
-compare in one message, and differing buckets say which entries to exchange.
+The digest is the sum, modulo 2**128, of one hash per entry (key, version and value), kept per
+bucket (the first byte of a hash of the key): adding or replacing an entry updates it in O(1),
+two stores compare in one message, and differing buckets say which entries to exchange. Two
+entries of one version with different values (only their writer could make them) are ordered
+by the hash of the value, so every store keeps the same one.
+
+**Signatures.** In a cluster every entry carries its writer's signature over (key, version,
+writer, value) (:func:`signed_bytes`), made with the writer agent's identity key
+(:class:`region_agent.base.identity.Signer`, given as ``signer``) when the entry is written, and
+checked by ``verifier`` (:class:`region_agent.state.signatures.EntryVerifier`) on merge, before
+anything applies. An entry already held at the same or a newer version is stale and skips the
+check: re-offered entries cost nothing. :meth:`Store.verify` lets a caller check a large batch
+off the event loop and merge it with ``verified=True``.
 
 Writes come in batches: :meth:`Store.put_many` (local) and :meth:`Store.merge` (from peers)
 apply a whole batch and then notify each listener once with every entry that changed, so
@@ -32,6 +42,9 @@ This module does no I/O and never awaits: callers own locking-free single-loop a
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
 import enum
 import hashlib
 import json
@@ -41,10 +54,12 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from region_agent.base.identity import ENTRY
 from region_agent.state.hlc import ClockDriftError, HybridClock, physical_ms
 from region_agent.state.model import (
     SCHEMA_VERSION,
     STANDALONE,
+    Certificate,
     Challenge,
     CopyHealth,
     Fence,
@@ -61,6 +76,7 @@ from region_agent.state.model import (
 )
 
 BUCKETS = 256
+_CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 _MOD = 1 << 128
 TOMBSTONE_TTL_SECONDS = 86_400.0
 TOMBSTONE_SWEEP_SECONDS = 600.0
@@ -77,10 +93,46 @@ class Entry:
     key: Key
     value: Value | None  # None is a tombstone
     version: Version
+    signer: str = ""          # fingerprint of the writer's identity certificate ("" unsigned)
+    signature: bytes = b""    # ECDSA over signed_bytes(), in the ENTRY context
 
     @property
     def is_tombstone(self) -> bool:
         return self.value is None
+
+
+class EntrySigner(Protocol):
+    """This agent's identity key (:class:`region_agent.base.identity.Signer`)."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def sign(self, context: bytes, data: bytes) -> bytes: ...
+
+
+class EntryVerifier(Protocol):
+    def __call__(self, entry: Entry) -> Rejected | None:
+        """None when ``entry``'s signature is good; else why not (changes nothing but caches)."""
+        ...
+
+
+def value_bytes(value: Value | None) -> bytes:
+    """The canonical bytes of a value (what the signature and the digest cover); empty for a tombstone."""
+    if value is None:
+        return b""
+    from region_agent.state.model import encode_value
+
+    return _CANONICAL(encode_value(value)).encode()
+
+
+def signed_bytes(key: Key, version: Version, value: Value | None) -> bytes:
+    """What a writer signs: the key, the version (HLC and writer id) and the value, unambiguously."""
+    return b"\x00".join((_key_bytes(key), version.hlc.to_bytes(10, "big"), version.writer.encode(),
+                         b"\x00" if value is None else b"\x01" + value_bytes(value)))
+
+
+def _value_hash(value: Value | None) -> bytes:
+    return hashlib.blake2b(value_bytes(value), digest_size=16).digest()
 
 
 class OwnershipError(PermissionError):
@@ -96,6 +148,11 @@ class RejectReason(enum.StrEnum):
     STANDALONE_WRITER = "standalone-writer"  # standalone agents are never replicated
     NOT_OWNER = "not-owner"  # the writer does not hold the key's owner role
     CLOCK_DRIFT = "clock-drift"  # an HLC too far ahead of our wall clock
+    UNSIGNED = "unsigned"  # no signature where one is required
+    UNKNOWN_SIGNER = "unknown-signer"  # no trusted certificate with the signer's fingerprint (yet)
+    BAD_SIGNER = "bad-signer"  # the certificate does not cover the writer, or was not valid when it signed
+    BAD_SIGNATURE = "bad-signature"  # the signature does not verify
+    REVOKED = "revoked"  # signed by a revoked certificate
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +210,16 @@ def _entry_hash(entry: Entry) -> int:
     h.update(b"\x00")
     h.update(entry.version.hlc.to_bytes(10, "big"))
     h.update(entry.version.writer.encode())
-    h.update(b"\x00" if entry.value is None else b"\x01")
+    h.update(b"\x00" if entry.value is None else b"\x01" + _value_hash(entry.value))
     return int.from_bytes(h.digest(), "big")
+
+
+def newer(entry: Entry, current: Entry | None) -> bool:
+    """Whether ``entry`` wins over ``current``: a greater version; at an equal version, the greater value hash."""
+    if current is None or entry.version > current.version:
+        return True
+    return (entry.version == current.version and entry.value != current.value
+            and _value_hash(entry.value) > _value_hash(current.value))
 
 
 class StateView(Protocol):
@@ -210,10 +275,13 @@ class StoreMetrics:
 
 class Store:
     def __init__(self, *, writer: str, clock: HybridClock, tombstone_ttl: float = TOMBSTONE_TTL_SECONDS,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, signer: EntrySigner | None = None,
+                 verifier: EntryVerifier | None = None) -> None:
         writer_role(writer)
         self.writer = writer
         self.clock = clock
+        self.signer = signer        # signs every local write (a cluster agent); None: unsigned
+        self.verifier = verifier    # checks every remote entry's signature; None: not checked
         self.tombstone_ttl_ms = int(tombstone_ttl * 1000)
         self.metrics = StoreMetrics(registry if registry is not None else CollectorRegistry())
         self._entries: dict[Key, Entry] = {}
@@ -228,6 +296,7 @@ class Store:
         self._copies: dict[tuple[str, str], CopyHealth] = {}
         self._challenges: dict[str, dict[bytes, Challenge]] = {}  # name → TXT rdata → record
         self._fenced: dict[str, Fence] = {}  # region → its fence
+        self._certs: dict[str, Certificate] = {}  # fingerprint → identity certificate
         self._newest_hlc = 0
 
     # --- reads --------------------------------------------------------------------------
@@ -283,6 +352,11 @@ class Store:
         return self._fenced
 
     @property
+    def certificates(self) -> Mapping[str, Certificate]:
+        """Identity certificates by fingerprint (every writer's, for checking what it signed)."""
+        return self._certs
+
+    @property
     def newest_hlc(self) -> int:
         """The greatest version this store has applied (tombstones included)."""
         return self._newest_hlc
@@ -333,44 +407,73 @@ class Store:
                 continue
             if current is not None and current.value == value:
                 continue
-            entry = Entry(key, value, Version(self.clock.now(), writer))
+            entry = self._signed(Entry(key, value, Version(self.clock.now(), writer)))
             self._apply(entry)
             changed.append(entry)
         if changed:
             self._notify(changed)
         return changed
 
+    def _signed(self, entry: Entry) -> Entry:
+        if self.signer is None:
+            return entry
+        signature = self.signer.sign(ENTRY, signed_bytes(entry.key, entry.version, entry.value))
+        return dataclasses.replace(entry, signer=self.signer.fingerprint, signature=signature)
+
     # --- remote entries -----------------------------------------------------------------
 
-    def merge(self, entries: Iterable[Entry]) -> MergeResult:
+    def verify(self, entries: Iterable[Entry]) -> tuple[list[Entry], list[Rejected]]:
+        """Check entries from a peer (shape, owner, clock, signature) without changing the store:
+        the good ones, to :meth:`merge` with ``verified=True``, and the refused ones, not yet counted.
+
+        Safe to call from a worker thread while the loop runs: it only reads the store. Entries
+        already held at the same or a newer version pass without a signature check (merge drops
+        them as stale).
+        """
+        good: list[Entry] = []
+        refused: list[Rejected] = []
+        # Certificates first: the entries they sign may follow in the same batch.
+        for entry in sorted(entries, key=lambda e: e.key[0] != Kind.CERT.value):
+            problem = check_remote(entry, self.clock)
+            if problem is None and self.verifier is not None and newer(entry, self._entries.get(entry.key)):
+                problem = self.verifier(entry)
+            if problem is None:
+                good.append(entry)
+            else:
+                refused.append(problem)
+        return good, refused
+
+    def count_rejected(self, rejected: Iterable[Rejected]) -> None:
+        for problem in rejected:
+            self.metrics.rejected.labels(problem.reason.value).inc()
+
+    def merge(self, entries: Iterable[Entry], *, verified: bool = False) -> MergeResult:
         """Apply a batch of entries from a peer (see the merge policy in the module docstring).
 
-        Every entry is validated before any applies; per key the greatest version in the
-        batch is the candidate, and it applies when it is newer than what the store holds.
-        Listeners hear once, with exactly the applied entries.
+        Every entry is validated (and its signature checked, unless ``verified``: :meth:`verify`
+        did it) before any applies; per key the winning entry of the batch is the candidate, and
+        it applies when it wins over what the store holds. Listeners hear once, with exactly the
+        applied entries.
         """
-        rejected: list[Rejected] = []
+        rejected: list[Rejected]
+        if verified:
+            good, rejected = list(entries), []
+        else:
+            good, rejected = self.verify(entries)
         winners: dict[Key, Entry] = {}
-        for entry in entries:
-            problem = check_remote(entry, self.clock)
-            if problem is not None:
-                rejected.append(problem)
-                continue
-            best = winners.get(entry.key)
-            if best is None or entry.version > best.version:
+        for entry in good:
+            if newer(entry, winners.get(entry.key)):
                 winners[entry.key] = entry
         applied: list[Entry] = []
         stale = 0
         for key, entry in winners.items():
             self.clock.advance(entry.version.hlc)  # checked in validation: applying never raises
-            current = self._entries.get(key)
-            if current is not None and current.version >= entry.version:
+            if not newer(entry, self._entries.get(key)):
                 stale += 1
                 continue
             self._apply(entry)
             applied.append(entry)
-        for problem in rejected:
-            self.metrics.rejected.labels(problem.reason.value).inc()
+        self.count_rejected(rejected)
         self.metrics.applied.inc(len(applied))
         if applied:
             self._notify(applied)
@@ -434,6 +537,8 @@ class Store:
                 del self._challenges[key[1]]
         elif key[0] == Kind.FENCE.value:
             _set_or_pop(self._fenced, key[1], value)
+        elif key[0] == Kind.CERT.value:
+            _set_or_pop(self._certs, key[2], value)
         else:
             _set_or_pop(self._copies, (key[1], key[2]), value)
 
@@ -455,6 +560,8 @@ def entry_to_json(entry: Entry) -> dict[str, object]:
         "value": None if entry.value is None else encode_value(entry.value),
         "hlc": entry.version.hlc,
         "writer": entry.version.writer,
+        "signer": entry.signer,
+        "sig": base64.b64encode(entry.signature).decode(),
     }
 
 
@@ -477,11 +584,17 @@ def entry_from_json(data: dict[str, object]) -> Entry:
         raw_value = data.get("value")
         if raw_value is not None and not isinstance(raw_value, dict):
             raise ModelError("value must be an object or null")
+        signer, sig = data.get("signer", ""), data.get("sig", "")
+        if not isinstance(signer, str) or len(signer) > 64 or not isinstance(sig, str) or len(sig) > 256:
+            raise ModelError("signer and sig must be short strings")
+        signature = base64.b64decode(sig, validate=True)
     except KeyError as exc:
         raise ModelError(f"entry lacks {exc.args[0]!r}") from exc
+    except binascii.Error as exc:
+        raise ModelError(f"sig is not base64: {exc}") from exc
     check_key(key)
     value = None if raw_value is None else decode_value(key, raw_value)
-    return Entry(key, value, Version(hlc, writer))
+    return Entry(key, value, Version(hlc, writer), signer, signature)
 
 
 def dumps_entries(entries: Iterable[Entry]) -> bytes:

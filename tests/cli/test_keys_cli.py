@@ -82,7 +82,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     assert f"keyring file {broken}: not JSON" in one_line_error(capsys, "install", NEW, "--file", str(broken))
 
     assert "exists; not overwriting" in one_line_error(capsys, "init", "--dir", str(directory))
-    assert "needs at least one --ip or --dns" in one_line_error(
+    assert "needs --region" in one_line_error(
         capsys, "cert", "--ca-dir", str(directory), "--name", "n0", "--out", str(tmp_path / "n0"))
     assert "--ip" in one_line_error(capsys, "cert", "--ca-dir", str(directory), "--name", "n0", "--ip", "1.2.3",
                                     "--out", str(tmp_path / "n0"))

@@ -254,7 +254,7 @@ async def test_a_created_project_is_answered_by_the_zone_compiler(client: Client
     assert status == 201 and headers["Location"] == "/v1/projects/shop"
     assert body == {"slug": "shop", "regions": ["sfo1", "ams1"], "primary": "sfo1", "mode": "ha", "all_down": "all"}
     entry = cluster.store.entry(project_key("shop"))
-    assert entry is not None and entry.version.writer == "control/n1"
+    assert entry is not None and entry.version.writer == "control/sfo1.n1"
     assert (await _call(client, "GET", "/v1/projects/shop"))[1] == body
     cluster.store.put(copy_key("shop", "sfo1"), CopyHealth(True))  # the region reports its copy serving
     tables = compile_zone(cluster.store.snapshot(), CONFIG)
@@ -284,7 +284,7 @@ async def test_regions_round_trip_and_delete(client: Client, cluster: Cluster) -
     assert [r["name"] for r in listing["regions"]] == ["ams1", "sfo1"] and listing["fenced"] == {}
     assert (await _call(client, "DELETE", "/v1/regions/ams1"))[0] == 204
     assert "ams1" not in cluster.store.regions
-    assert cluster.store.entry(("region", "sfo1")).version.writer == "control/n1"  # type: ignore[union-attr]
+    assert cluster.store.entry(("region", "sfo1")).version.writer == "control/sfo1.n1"  # type: ignore[union-attr]
 
 
 async def test_fence_and_unfence(client: Client, cluster: Cluster) -> None:
@@ -295,7 +295,7 @@ async def test_fence_and_unfence(client: Client, cluster: Cluster) -> None:
     status, body, _ = await _call(client, "POST", "/v1/regions/sfo1/fence", {"reason": "maintenance"})
     assert (status, body) == (200, {"region": "sfo1", "fenced": True, "reason": "maintenance"})
     assert cluster.store.fenced["sfo1"].reason == "maintenance"
-    assert cluster.store.entry(fence_key("sfo1")).version.writer == "control/n1"  # type: ignore[union-attr]
+    assert cluster.store.entry(fence_key("sfo1")).version.writer == "control/sfo1.n1"  # type: ignore[union-attr]
     answers = compile_zone(cluster.store.snapshot(), CONFIG).projects["shop"].description["answers"]
     assert answers["A"]["addresses"] == ["198.51.100.1"]  # type: ignore[index]
     assert (await _call(client, "GET", "/v1/regions"))[1]["fenced"] == {"sfo1": "maintenance"}

@@ -74,8 +74,8 @@ def test_dead_from_itself_is_a_leave() -> None:
 @pytest.mark.parametrize(("data", "reason"), [
     (b"", "truncated"),
     (bytes([VERSION]), "truncated"),
-    (bytes([2, 2, 0, 0, 0, 1]), "unsupported protocol version 2"),
-    (bytes([0, 2, 0, 0, 0, 1]), "unsupported protocol version 0"),
+    (bytes([1, 2, 0, 0, 0, 1]), "unsupported protocol version 1"),   # before signed members
+    (bytes([3, 2, 0, 0, 0, 1]), "unsupported protocol version 3"),
     (bytes([VERSION, 200]), "unknown message type"),
     (encode(Ack(1)) + b"x", "trailing bytes"),
     (encode(Ack(1))[:-1], "truncated"),

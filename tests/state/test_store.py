@@ -214,7 +214,7 @@ def test_json_round_trip_and_validation() -> None:
         ({"key": ["project", "shop"], "value": None, "writer": "x"}, "lacks 'hlc'"),
     ]:
         with pytest.raises(ModelError, match=message):
-            entry_from_json({"v": 1, **bad})  # type: ignore[dict-item]
+            entry_from_json({"v": 2, **bad})  # type: ignore[dict-item]
 
 
 @pytest.mark.parametrize(
