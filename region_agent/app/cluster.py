@@ -8,7 +8,11 @@ the agent with :class:`~region_agent.app.settings.SettingsError` naming the sett
   observation broadcasts) and the verdicts it feeds (:class:`~region_agent.cluster.answers.ClusterAnswers`,
   laid over the answers),
 - the write gate the control API asks,
-- the keyring file watcher and, with mutual TLS, the certificate files watcher.
+- the keyring file watcher and, with mutual TLS, the certificate files watcher;
+- this agent's identity: its certificate (the TLS one, naming its region) signs every store entry
+  it writes and its member record; the store checks every peer's entry against the certificates
+  it holds (each agent files its own as a ``cert`` entry), the membership every member record.
+  Without identity certificates a cluster starts only with ``gossip.allow_unsigned`` (a lab).
 
 :meth:`runners` are the loops the supervisor runs; the rest are views of the cluster for the
 region view, the control API and ``/metrics``.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -26,24 +31,29 @@ from prometheus_client import CollectorRegistry
 
 from region_agent.app.replication import StoreReplica
 from region_agent.app.settings import AgentSettings, SettingsError
+from region_agent.base.identity import CertBook, IdentityError, Signer
 from region_agent.cluster.answers import ClusterAnswers
 from region_agent.cluster.members import LIVE_STATES, MemberRow, member_rows
 from region_agent.cluster.observer import ClusterObserver
 from region_agent.cluster.quorum import Policy, Quorum
 from region_agent.cluster.write_gate import WriteGate
+from region_agent.gossip.credentials import IdentityCredentials
 from region_agent.gossip.keyfile import KeyringWatcher, load_keyring
 from region_agent.gossip.membership import Membership, MemberView
 from region_agent.gossip.messages import Role, State
 from region_agent.gossip.metrics import register
 from region_agent.gossip.node import GossipNode
 from region_agent.gossip.sync import AntiEntropy
+from region_agent.state.model import Certificate, cert_key
 from region_agent.state.observations import Observations
+from region_agent.state.signatures import EntryVerifier
 from region_agent.state.store import Store
 
 if TYPE_CHECKING:
     from region_agent.gossip.tls import GossipTls
 
 Runner = Callable[[], Coroutine[Any, Any, None]]
+logger = logging.getLogger("region_agent.gossip")
 
 
 class ClusterParts:
@@ -58,6 +68,7 @@ class ClusterParts:
                              clock=time.time)
         self.view_listeners: list[Callable[[], None]] = []   # membership or verdicts changed
         self.tls: GossipTls | None = None
+        self.unsigned = False   # a lab cluster (gossip.allow_unsigned): nothing signed, nothing checked
 
     async def start(self) -> None:
         """Bind the gossip port and wire everything; joining and syncing run in :meth:`runners`."""
@@ -74,10 +85,11 @@ class ClusterParts:
                 self.tls = GossipTls.from_files(g.tls_ca_file, g.tls_cert_file, g.tls_key_file)
             except (ValueError, OSError) as exc:
                 raise SettingsError(f"gossip.tls_*: {exc}") from exc
+        credentials = self._identity()
         self.replica = StoreReplica(self.store, self.registry)
         role = Role.WITNESS if self.settings.cluster.role == "witness" else Role.AGENT
         node = self.node = GossipNode(g, region=self.settings.region, node=self.settings.node, keyring=keyring,
-                                      replica=self.replica, tls=self.tls, role=role)
+                                      replica=self.replica, tls=self.tls, role=role, credentials=credentials)
         try:
             await node.start()
         except OSError as exc:
@@ -92,7 +104,8 @@ class ClusterParts:
         self.observer = ClusterObserver(
             region=self.settings.region, settings=c, quorum=self.quorum, store=self.store, members=node.members,
             broadcast=node.broadcast, member_name=node.name, check_host=checks.host, check_port=checks.port,
-            user_agent=f"{self.user_agent} ingress-probe", registry=self.registry)
+            user_agent=f"{self.user_agent} ingress-probe", registry=self.registry,
+            signer=None if self.unsigned else self._current_signer, book=None if self.unsigned else self.book)
         self.answers = ClusterAnswers(store=self.store, observations=self.observations, view=self.observer.view,
                                       policy=Policy(c.two_region_policy), registry=self.registry)
         self.write_gate = WriteGate(self.observer.view, self.membership, asyncio.get_running_loop().time)
@@ -102,6 +115,56 @@ class ClusterParts:
         node.user_handlers.append(self.observer.user_message)
         self.replica.attach(node.broadcast, node.sync_now, node.queued_broadcasts)
         node.member_listeners.append(self._on_member_change)
+        if self.store.signer is not None:
+            self._file_certificate()   # after attach: it goes out as a broadcast, not only by anti-entropy
+
+    def _identity(self) -> IdentityCredentials | None:
+        """Sign and verify from here on, or (a lab) neither; raises SettingsError for a certificate that
+        names no identity, or one of another region."""
+        tls = self.tls
+        if tls is None or tls.signer is None:
+            if not self.settings.gossip.allow_unsigned:
+                why = "no TLS files" if tls is None else tls.identity_problem
+                raise SettingsError(f"gossip.tls_cert_file: identity certificates are required in cluster mode ({why})")
+            logger.warning("gossip.allow_unsigned: this cluster runs WITHOUT identity certificates; any holder of "
+                           "the gossip keyring can forge any write, member or vote. Never run it so in production.")
+            self.unsigned = True
+            return None
+        signer = tls.signer
+        if not signer.identity.covers(self.settings.region, self.settings.node):
+            raise SettingsError(f"gossip.tls_cert_file: the certificate names {signer.identity.name}, not this agent "
+                                f"({self.settings.region}/{self.settings.node})")
+        self.book = CertBook(tls.authorities)
+        for cert in list(self.store.certificates.values()):   # what the snapshot brought
+            with contextlib.suppress(IdentityError):
+                self.book.add(cert.der)
+        self.book.add(signer.identity.der)
+        self.store.signer = signer
+        self.store.verifier = EntryVerifier(self.book)
+        tls.listeners.append(self._certificate_rotated)
+        return IdentityCredentials(self.book, self._current_signer)
+
+    def _current_signer(self) -> Signer:
+        assert self.tls is not None and self.tls.signer is not None
+        return self.tls.signer
+
+    def _file_certificate(self) -> None:
+        """This agent's certificate into the store, so every agent can check what it signs."""
+        assert self.tls is not None and self.tls.signer is not None
+        cert = Certificate(self.tls.signer.identity.der)
+        self.store.put(cert_key(self.settings.region, cert), cert)
+
+    def _certificate_rotated(self) -> None:
+        tls = self.tls
+        assert tls is not None
+        if tls.signer is None or not tls.signer.identity.covers(self.settings.region, self.settings.node):
+            logger.error("gossip TLS certificate reloaded but it names no identity of this agent; still signing "
+                         "with the previous one")
+            return
+        self.book.set_authorities(tls.authorities)
+        self.book.add(tls.signer.identity.der)
+        self.store.signer = tls.signer
+        self._file_certificate()
 
     def runners(self) -> dict[str, Runner]:
         runners: dict[str, Runner] = {
@@ -138,7 +201,9 @@ class ClusterParts:
     # --- views ---------------------------------------------------------------------------------
 
     def problems(self) -> tuple[str, ...]:
-        return self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())
+        lab = ("gossip.allow_unsigned: no identity certificates, any keyring holder can forge writes",) \
+            if self.unsigned else ()
+        return lab + self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())
 
     def member_rows(self) -> list[MemberRow]:
         """The members as rows, ``since`` as wall time (the control API shows them to people)."""

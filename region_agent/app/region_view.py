@@ -48,6 +48,7 @@ class RegionViews:
         self.cluster: ClusterParts | None = None      # set once gossip has started
         self.kube: LocalCopyWriter | None = None      # set once the watches run
         self._pending: asyncio.Handle | None = None
+        store.subscribe(lambda _changes: self.publish_soon())   # the digest moves with every change
 
     # --- the view ------------------------------------------------------------------------------
 

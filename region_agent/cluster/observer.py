@@ -14,6 +14,8 @@ other region: that round leaves the region's ingress observation as it was.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import logging
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from region_agent.base.identity import OBSERVATION, CertBook, Signer
 from region_agent.base.names import region_name
 from region_agent.checks.probe import CheckTarget, Outcome, new_session, probe
 from region_agent.cluster.quorum import Aspect, ClusterView, Observation, Quorum, liveness_observations
@@ -44,33 +47,71 @@ class ObservationError(ValueError):
     pass
 
 
-def encode_observations(region: str, observations: Sequence[Observation]) -> list[bytes]:
-    """One or more payloads (each within a gossip user message) carrying ``observations``."""
+_SIGNATURE_ROOM = 200    # bytes a payload keeps free for the agent name, signer and signature
+
+
+def _body(region: str, agent: str, rows: list[list[object]]) -> bytes:
+    return json.dumps({"v": 2, "r": region, "a": agent, "o": rows}, separators=(",", ":"), sort_keys=True).encode()
+
+
+def encode_observations(region: str, observations: Sequence[Observation], *, agent: str = "",
+                        signer: Signer | None = None) -> list[bytes]:
+    """One or more payloads (each within a gossip user message) carrying ``observations``, each signed
+    by this agent's identity key when it has one (``agent``: its member name, ``<region>/<node>``)."""
     rows = [[_CODES[o.aspect], o.subject, int(o.up), int(o.observed_at * 1000)] for o in observations]
-    payloads: list[bytes] = []
+    bodies: list[bytes] = []
     chunk: list[list[object]] = []
     for row in rows:
-        candidate = json.dumps({"v": 1, "r": region, "o": [*chunk, row]}, separators=(",", ":")).encode()
-        if len(candidate) > MAX_USER_PAYLOAD and chunk:
-            payloads.append(json.dumps({"v": 1, "r": region, "o": chunk}, separators=(",", ":")).encode())
+        if len(_body(region, agent, [*chunk, row])) > MAX_USER_PAYLOAD - _SIGNATURE_ROOM and chunk:
+            bodies.append(_body(region, agent, chunk))
             chunk = [row]
         else:
             chunk.append(row)
     if chunk:
-        payloads.append(json.dumps({"v": 1, "r": region, "o": chunk}, separators=(",", ":")).encode())
-    return payloads
+        bodies.append(_body(region, agent, chunk))
+    if signer is None:
+        return bodies
+    return [json.dumps({"b": body.decode(), "s": signer.fingerprint,
+                        "g": base64.b64encode(signer.sign(OBSERVATION, body)).decode()},
+                       separators=(",", ":")).encode() for body in bodies]
 
 
-def decode_observations(payload: bytes, origin: str, now: float) -> list[Observation]:
-    """Validate a broadcast from member ``origin`` (``<region>/<node>``): it speaks for its region only."""
+def decode_observations(payload: bytes, now: float, *, book: CertBook | None = None,
+                        is_member: Callable[[str, str], bool] = lambda _agent, _region: True) -> list[Observation]:
+    """Validate an observation broadcast. It speaks for one region, for the agent it names: with a
+    ``book`` only when signed by that agent's certificate (which must cover the agent's region) and
+    when that agent is a live member (``is_member(agent, region)``); a keyring holder can neither
+    vote for a region nor keep one out. Without a book (a lab cluster) the body is taken as it is."""
     try:
         data = json.loads(payload)
-        if not isinstance(data, dict) or data.get("v") != 1:
-            raise ObservationError("not a version 1 observation message")
-        observer = data["r"]
-        if not isinstance(observer, str) or origin.partition("/")[0] != observer:
-            raise ObservationError(f"member {origin} may not speak for region {observer!r}")
+        if not isinstance(data, dict):
+            raise ObservationError("not an observation message")
+        if book is not None:
+            body, signer, sig = data["b"], data["s"], data["g"]
+            if not isinstance(body, str) or not isinstance(signer, str) or not isinstance(sig, str):
+                raise ObservationError("not a signed observation message")
+            identity = book.get(signer)
+            if identity is None:
+                raise ObservationError(f"signed by an unknown certificate {signer[:40]!r}")
+            raw = body.encode()
+            if not identity.verify(OBSERVATION, raw, base64.b64decode(sig, validate=True)):
+                raise ObservationError("the signature does not verify")
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ObservationError("not an observation message")
+            region, _, node = str(data.get("a", "")).partition("/")
+            if not identity.covers(region, node):
+                raise ObservationError(f"certificate {identity.name} may not speak for agent {data.get('a')!r}")
+        elif "b" in data:
+            data = json.loads(data["b"])   # a signed message in a lab cluster: read, not checked
+        if data.get("v") != 2:
+            raise ObservationError("not a version 2 observation message")
+        observer, agent = data["r"], data["a"]
+        if not isinstance(observer, str) or not isinstance(agent, str) or agent.partition("/")[0] != observer:
+            raise ObservationError(f"agent {agent!r} may not speak for region {observer!r}")
         region_name(observer)
+        if not is_member(agent, observer):
+            raise ObservationError(f"agent {agent} is not a live member of {observer}")
         out: list[Observation] = []
         for row in data["o"]:
             code, subject, up, stamp = row
@@ -82,7 +123,7 @@ def decode_observations(payload: bytes, origin: str, now: float) -> list[Observa
                 raise ObservationError(f"observation from {observer} stamped {at - now:.0f} s in the future")
             out.append(Observation(_ASPECTS[code], observer, subject, bool(up), at))
         return out
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
         raise ObservationError(str(exc)) from exc
 
 
@@ -104,8 +145,13 @@ class ClusterObserver:
     def __init__(self, *, region: str, settings: ClusterSettings, quorum: Quorum, store: Store,
                  members: Callable[[], Sequence[MemberView]], broadcast: Callable[[str, bytes], None],
                  member_name: str, check_host: str, check_port: int, user_agent: str,
-                 registry: CollectorRegistry, wall: Callable[[], float] = time.time) -> None:
+                 registry: CollectorRegistry, wall: Callable[[], float] = time.time,
+                 signer: Callable[[], Signer] | None = None, book: CertBook | None = None) -> None:
+        """``signer`` and ``book``: this agent's identity key and the certificates it trusts (both None in a
+        lab cluster: observations are then neither signed nor checked)."""
         self.region = region
+        self.signer = signer
+        self.book = book
         self.settings = settings
         self.quorum = quorum
         self.store = store
@@ -137,7 +183,7 @@ class ClusterObserver:
         if not message.key.startswith(PREFIX):
             return False
         try:
-            received = decode_observations(message.payload, message.origin, self._wall())
+            received = decode_observations(message.payload, self._wall(), book=self.book, is_member=self._is_member)
         except ObservationError as exc:
             self.metrics.received.labels("refused").inc()
             logger.debug("observation from %s refused: %s", message.origin, exc)
@@ -148,6 +194,10 @@ class ClusterObserver:
         if self._keep(received):
             self._notify()
         return True
+
+    def _is_member(self, agent: str, region: str) -> bool:
+        return any(v.member.name == agent and v.member.region == region and v.state in (State.ALIVE, State.SUSPECT)
+                   for v in self._members())
 
     def _keep(self, observations: Sequence[Observation]) -> bool:
         changed = False
@@ -202,7 +252,8 @@ class ClusterObserver:
             if changed:
                 self._notify()
             return False
-        for payload in encode_observations(self.region, own):
+        for payload in encode_observations(self.region, own, agent=self._member_name,
+                                           signer=None if self.signer is None else self.signer()):
             self._seq += 1
             self._broadcast(f"{PREFIX}{self._member_name}:{self._seq}", payload)
             self.metrics.published.inc()

@@ -137,6 +137,9 @@ class ZoneService:
                 self._schedule()
 
     def _on_change(self, entries: list[Entry]) -> None:
+        entries = [e for e in entries if e.key[0] != Kind.CERT.value]   # identities: nothing the zone answers
+        if not entries:
+            return
         if self._changed_projects is not None:
             for entry in entries:
                 if entry.key[0] in (Kind.PROJECT.value, Kind.COPY.value):

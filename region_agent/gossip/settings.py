@@ -58,9 +58,20 @@ class GossipSettings(BaseModel):
         description="JSON keyring of the AES-GCM keys that seal every datagram and stream (region-agent keys "
         "init). Required when gossip is enabled; re-read when it changes, so keys rotate without a restart.")
     tls_ca_file: Path | None = Field(default=None, description="Cluster CA (PEM) that signs every agent's "
-                                     "certificate; with tls_cert_file and tls_key_file, streams use mutual TLS.")
-    tls_cert_file: Path | None = Field(default=None, description="This agent's certificate (PEM).")
+                                     "identity certificate; with tls_cert_file and tls_key_file, streams use mutual "
+                                     "TLS and every write, member record and observation is signed. Required in "
+                                     "cluster mode (unless allow_unsigned).")
+    tls_cert_file: Path | None = Field(default=None, description="This agent's identity certificate (PEM), naming "
+                                       "its region (region-agent keys cert --region).")
     tls_key_file: Path | None = Field(default=None, description="This agent's private key (PEM).")
+    revoked_file: Path | None = Field(
+        default=None,
+        description="Revoked identity certificates: a text file of SHA-256 fingerprints, one per line (# comments). "
+        "What they signed is refused and dropped, and they are refused as peers; re-read when it changes.")
+    allow_unsigned: bool = Field(
+        default=False,
+        description="LAB ONLY: run a cluster without identity certificates. Any holder of the gossip keyring can "
+        "then forge any write, member or vote. Logged loudly at start and shown as a problem.")
     sync_interval: float = Field(
         default=10.0, gt=0,
         description="Mean seconds between anti-entropy rounds (digest exchange with one random peer).")
@@ -93,6 +104,10 @@ class GossipSettings(BaseModel):
                 raise ValueError("keyring_file is required when gossip is enabled (region-agent keys init)")
             if self.advertise_address is None and ipaddress.ip_address(self.bind_address).is_unspecified:
                 raise ValueError("advertise_address is required when bind_address is a wildcard")
+            if not all(tls) and not self.allow_unsigned:
+                raise ValueError("identity certificates are required in cluster mode: set tls_ca_file, tls_cert_file "
+                                 "and tls_key_file (region-agent keys init, keys cert --region); allow_unsigned: true "
+                                 "runs a lab cluster that any keyring holder can forge")
         return self
 
     @property

@@ -23,15 +23,17 @@ import contextlib
 import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from region_agent.base.files import FileWatcher
+from region_agent.base.identity import IdentityError, Signer, identity_of, issued_by
 
 logger = logging.getLogger("region_agent.gossip")
 
@@ -47,6 +49,9 @@ class _Contexts:
     client: ssl.SSLContext
     subject: str
     not_after: datetime
+    authorities: tuple[x509.Certificate, ...] = ()
+    signer: Signer | None = None     # None: the certificate names no agent identity (a lab certificate)
+    identity_problem: str = ""       # why it names none
 
 
 def _read(role: str, path: Path) -> bytes:
@@ -90,7 +95,7 @@ def _load(ca: Path, cert: Path, key: Path, now: datetime | None = None) -> _Cont
         raise TlsConfigError(f"gossip TLS key file {key}: not an unencrypted PEM private key") from None
     if _public(private.public_key()) != _public(leaf.public_key()):
         raise TlsConfigError(f"gossip TLS key file {key} does not match the certificate in {cert}")
-    if not any(_issued_by(leaf, authority) for authority in [*authorities, *chain[1:]]):
+    if not any(issued_by(leaf, authority) for authority in [*authorities, *chain[1:]]):
         raise TlsConfigError(f"gossip TLS certificate file {cert}: not signed by the CA in {ca}")
     if now < leaf.not_valid_before_utc:
         raise TlsConfigError(f"gossip TLS certificate file {cert}: not valid before {leaf.not_valid_before_utc}")
@@ -109,15 +114,16 @@ def _load(ca: Path, cert: Path, key: Path, now: datetime | None = None) -> _Cont
         client.verify_mode = ssl.CERT_REQUIRED
     except (ssl.SSLError, OSError) as exc:
         raise TlsConfigError(f"gossip TLS certificate {cert} / key {key}: {exc}") from None
-    return _Contexts(server, client, leaf.subject.rfc4514_string(), leaf.not_valid_after_utc)
-
-
-def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    signer, problem = None, ""
     try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
+        identity = identity_of(leaf, authorities, now.timestamp())
+        if not isinstance(private, ec.EllipticCurvePrivateKey):
+            raise IdentityError("the key must be EC P-256")
+        signer = Signer(private, identity)
+    except IdentityError as exc:
+        problem = str(exc)
+    return _Contexts(server, client, leaf.subject.rfc4514_string(), leaf.not_valid_after_utc, tuple(authorities),
+                     signer, problem)
 
 
 class TlsServerStream:
@@ -191,6 +197,7 @@ class GossipTls:
         self.watch = FileWatcher(*self.paths, what="gossip TLS files", keeping="keeping the current certificates",
                                  logger=logger, errors=TlsConfigError)
         self._contexts = self.watch.read_now(self._read)
+        self.listeners: list[Callable[[], None]] = []   # told after new files are in use
 
     @classmethod
     def from_files(cls, ca: str | os.PathLike[str], cert: str | os.PathLike[str], key: str | os.PathLike[str], *,
@@ -223,6 +230,20 @@ class GossipTls:
         """When this agent's certificate expires (for a metric or a warning)."""
         return self._contexts.not_after
 
+    @property
+    def authorities(self) -> tuple[x509.Certificate, ...]:
+        """The cluster CA bundle as last read."""
+        return self._contexts.authorities
+
+    @property
+    def signer(self) -> Signer | None:
+        """This agent's identity key and certificate (None: the certificate names no identity)."""
+        return self._contexts.signer
+
+    @property
+    def identity_problem(self) -> str:
+        return self._contexts.identity_problem
+
     def _read(self) -> _Contexts:
         return _load(*self.paths)
 
@@ -237,6 +258,8 @@ class GossipTls:
             return False
         self._contexts = contexts
         logger.info("gossip TLS certificate reloaded: %s, valid until %s", self.subject, self.not_after)
+        for listener in self.listeners:
+            listener()
         return True
 
     async def run(self, poll: float = 30.0) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from region_agent.kube.sources import KubeSnapshot, KubeSources
 from region_agent.state.local import CopyStatus
 from region_agent.state.model import CopyHealth, copy_key
-from region_agent.state.store import Store
+from region_agent.state.store import Store, put_many_off_loop
 
 SnapshotListener = Callable[[KubeSnapshot], None]
 
@@ -35,13 +35,13 @@ class LocalCopyWriter:
         """The last snapshot taken, or a fresh one before the first change."""
         return self.last if self.last is not None else self.kube.view()
 
-    def write(self, copies: dict[str, CopyStatus]) -> None:
+    async def write(self, copies: dict[str, CopyStatus]) -> None:
         items = [(copy_key(slug, self.region), CopyHealth(status.healthy, status.reason.value))
                  for slug, status in copies.items()]
         items += [(copy_key(slug, self.region), CopyHealth(False, "not-found"))
                   for slug in self._written - copies.keys()]
-        self.store.put_many(items)
         self._written = set(copies)
+        await put_many_off_loop(self.store, items)
 
     async def run(self) -> None:
         while True:
@@ -49,7 +49,7 @@ class LocalCopyWriter:
             self.kube.changed.clear()
             snap = self.last = self.kube.view()
             if snap.synced:
-                self.write(snap.copies)
+                await self.write(snap.copies)
                 self.synced.set()
             for listener in self.listeners:
                 listener(snap)

@@ -42,6 +42,7 @@ This module does no I/O and never awaits: callers own locking-free single-loop a
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import dataclasses
@@ -49,8 +50,9 @@ import enum
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -114,6 +116,23 @@ class EntryVerifier(Protocol):
     def __call__(self, entry: Entry) -> Rejected | None:
         """None when ``entry``'s signature is good; else why not (changes nothing but caches)."""
         ...
+
+
+class SignatureJob(Protocol):
+    entry: Entry
+
+    def passes(self) -> bool: ...
+
+    def refusal(self) -> Rejected: ...
+
+
+@runtime_checkable
+class BatchVerifier(Protocol):
+    """A verifier that can leave the signature check itself for later (to spread a batch over cores)."""
+
+    def __call__(self, entry: Entry) -> Rejected | None: ...
+
+    def prepare(self, entry: Entry) -> Rejected | SignatureJob | None: ...
 
 
 def value_bytes(value: Value | None) -> bytes:
@@ -297,6 +316,7 @@ class Store:
         self._challenges: dict[str, dict[bytes, Challenge]] = {}  # name → TXT rdata → record
         self._fenced: dict[str, Fence] = {}  # region → its fence
         self._certs: dict[str, Certificate] = {}  # fingerprint → identity certificate
+        self._cert_keys: dict[str, Key] = {}  # fingerprint → the key of its entry
         self._newest_hlc = 0
 
     # --- reads --------------------------------------------------------------------------
@@ -356,9 +376,14 @@ class Store:
         """Identity certificates by fingerprint (every writer's, for checking what it signed)."""
         return self._certs
 
+    def certificate_entry(self, fingerprint: str) -> Entry | None:
+        """The entry holding the certificate with ``fingerprint``, or None."""
+        key = self._cert_keys.get(fingerprint)
+        return None if key is None else self._entries.get(key)
+
     @property
     def newest_hlc(self) -> int:
-        """The greatest version this store has applied (tombstones included)."""
+        """The greatest version this store has applied (tombstones included), certificates aside."""
         return self._newest_hlc
 
     def snapshot(self) -> Snapshot:
@@ -380,14 +405,20 @@ class Store:
     def put_many(self, items: Iterable[tuple[Key, Value | None]], *, writer: str | None = None) -> list[Entry]:
         """Write a batch as this store's writer (``None`` deletes); returns the entries that changed.
 
-        ``writer`` writes as another role this agent holds (``acme/<node>`` for what a signed
-        UPDATE asked); it must own every key like any writer.
+        ``writer`` writes as another role this agent holds (``acme/<region>.<node>`` for what a
+        signed UPDATE asked); it must own every key like any writer.
 
         The whole batch is checked before anything changes (a bad key, record or owner
         raises and the store stays as it was); listeners then hear once, with every change.
         A key given twice takes its last value; a value equal to the current one makes no
-        new version (no churn in gossip or the zone).
+        new version (no churn in gossip or the zone). Signing costs ~35 µs an entry: a caller
+        with a large batch on the event loop uses :meth:`prepare`, :meth:`sign` in a worker
+        thread, then :meth:`apply_local`.
         """
+        return self.apply_local(self.sign(self.prepare(items, writer=writer)))
+
+    def prepare(self, items: Iterable[tuple[Key, Value | None]], *, writer: str | None = None) -> list[Entry]:
+        """The new versions a batch would write, checked and unsigned; changes nothing (raises like put_many)."""
         batch: dict[Key, Value | None] = {}
         if writer is None:
             writer = self.writer
@@ -400,47 +431,79 @@ class Store:
             if value is not None and not value_matches(key, value):
                 raise ModelError(f"{type(value).__name__} is not a record for {key!r}")
             batch[key] = value
-        changed: list[Entry] = []
+        out: list[Entry] = []
         for key, value in batch.items():
             current = self._entries.get(key)
             if current is None and value is None:
                 continue
             if current is not None and current.value == value:
                 continue
-            entry = self._signed(Entry(key, value, Version(self.clock.now(), writer)))
+            out.append(Entry(key, value, Version(self.clock.now(), writer)))
+        return out
+
+    def sign(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` signed with this store's key (unchanged without one); pure, safe in a worker thread."""
+        signer = self.signer
+        if signer is None:
+            return entries
+        return [dataclasses.replace(e, signer=signer.fingerprint,
+                                    signature=signer.sign(ENTRY, signed_bytes(e.key, e.version, e.value)))
+                for e in entries]
+
+    def apply_local(self, entries: list[Entry]) -> list[Entry]:
+        """Apply prepared (and signed) local entries that still win; listeners hear once. Returns them."""
+        changed = [entry for entry in entries if newer(entry, self._entries.get(entry.key))]
+        for entry in changed:
             self._apply(entry)
-            changed.append(entry)
         if changed:
             self._notify(changed)
         return changed
 
-    def _signed(self, entry: Entry) -> Entry:
-        if self.signer is None:
-            return entry
-        signature = self.signer.sign(ENTRY, signed_bytes(entry.key, entry.version, entry.value))
-        return dataclasses.replace(entry, signer=self.signer.fingerprint, signature=signature)
-
     # --- remote entries -----------------------------------------------------------------
 
-    def verify(self, entries: Iterable[Entry]) -> tuple[list[Entry], list[Rejected]]:
+    def verify(self, entries: Iterable[Entry], *, threads: int = 1) -> tuple[list[Entry], list[Rejected]]:
         """Check entries from a peer (shape, owner, clock, signature) without changing the store:
         the good ones, to :meth:`merge` with ``verified=True``, and the refused ones, not yet counted.
 
         Safe to call from a worker thread while the loop runs: it only reads the store. Entries
         already held at the same or a newer version pass without a signature check (merge drops
-        them as stale).
+        them as stale). With ``threads`` > 1 the signature checks of a large batch run on that many
+        threads (OpenSSL releases the GIL while it verifies: 1.7x on two cores).
         """
         good: list[Entry] = []
         refused: list[Rejected] = []
+        jobs: list[SignatureJob] = []
+        verifier = self.verifier
+        batch = isinstance(verifier, BatchVerifier)
         # Certificates first: the entries they sign may follow in the same batch.
         for entry in sorted(entries, key=lambda e: e.key[0] != Kind.CERT.value):
             problem = check_remote(entry, self.clock)
-            if problem is None and self.verifier is not None and newer(entry, self._entries.get(entry.key)):
-                problem = self.verifier(entry)
+            if problem is None and verifier is not None and newer(entry, self._entries.get(entry.key)):
+                if batch:
+                    assert isinstance(verifier, BatchVerifier)
+                    outcome = verifier.prepare(entry)
+                    if outcome is not None and not isinstance(outcome, Rejected):
+                        jobs.append(outcome)
+                        continue
+                    problem = outcome
+                else:
+                    problem = verifier(entry)
             if problem is None:
                 good.append(entry)
             else:
                 refused.append(problem)
+        if threads > 1 and len(jobs) >= PARALLEL_VERIFY_MIN:
+            size = -(-len(jobs) // threads)
+            with ThreadPoolExecutor(threads, thread_name_prefix="verify") as pool:
+                results = [ok for part in pool.map(_passes, [jobs[i:i + size] for i in range(0, len(jobs), size)])
+                           for ok in part]
+        else:
+            results = _passes(jobs)
+        for job, ok in zip(jobs, results, strict=True):
+            if ok:
+                good.append(job.entry)
+            else:
+                refused.append(job.refusal())
         return good, refused
 
     def count_rejected(self, rejected: Iterable[Rejected]) -> None:
@@ -480,13 +543,22 @@ class Store:
         return MergeResult(applied, rejected, stale)
 
     def expire_tombstones(self, now_wall_ms: int | None = None) -> int:
-        """Drop tombstones older than the TTL; returns how many were dropped.
+        """Drop tombstones older than the TTL (but the newest entry); returns how many were dropped.
 
         Listeners are not told: a tombstone is in no index, so nothing they read changes.
         """
         now = self.clock.wall_ms() if now_wall_ms is None else now_wall_ms
         cutoff = now - self.tombstone_ttl_ms
-        old = [e for e in self._tombstones.values() if physical_ms(e.version.hlc) < cutoff]
+        # The newest entry stays, tombstone or not: it is what the serial counts from, so an
+        # expiry (here, or before a snapshot was saved) never turns the serial back.
+        newest = self._newest_hlc
+        if any(e.version.hlc == newest for e in self._tombstones.values()) and not any(
+                e.version.hlc == newest for e in self._entries.values() if e.value is not None):
+            keep = newest   # a tombstone is the newest entry: it stays
+        else:
+            keep = -1
+        old = [e for e in self._tombstones.values()
+               if physical_ms(e.version.hlc) < cutoff and e.version.hlc != keep]
         for entry in old:
             del self._entries[entry.key]
             del self._tombstones[entry.key]
@@ -522,7 +594,8 @@ class Store:
         elif current is not None and current.value is None:
             del self._tombstones[entry.key]
         self._index(entry)
-        self._newest_hlc = max(self._newest_hlc, entry.version.hlc)
+        if key[0] != Kind.CERT.value:   # the serial follows what the zone answers, not the identities
+            self._newest_hlc = max(self._newest_hlc, entry.version.hlc)
 
     def _index(self, entry: Entry) -> None:
         key, value = entry.key, entry.value
@@ -539,6 +612,10 @@ class Store:
             _set_or_pop(self._fenced, key[1], value)
         elif key[0] == Kind.CERT.value:
             _set_or_pop(self._certs, key[2], value)
+            if value is None:
+                self._cert_keys.pop(key[2], None)
+            else:
+                self._cert_keys[key[2]] = key
         else:
             _set_or_pop(self._copies, (key[1], key[2]), value)
 
@@ -599,3 +676,23 @@ def entry_from_json(data: dict[str, object]) -> Entry:
 
 def dumps_entries(entries: Iterable[Entry]) -> bytes:
     return json.dumps([entry_to_json(e) for e in entries], separators=(",", ":")).encode()
+
+
+def _passes(jobs: list[SignatureJob]) -> list[bool]:
+    return [job.passes() for job in jobs]
+
+
+PARALLEL_VERIFY_MIN = 512   # signature checks below which one thread does them all
+LOOP_SIGN_LIMIT = 64   # entries signed on the event loop at most (~2 ms); a larger batch is signed in a thread
+
+
+async def put_many_off_loop(store: Store, items: Iterable[tuple[Key, Value | None]], *,
+                            writer: str | None = None) -> list[Entry]:
+    """:meth:`Store.put_many` for a batch that may be large (a zone file import, a first watch sync):
+    the signatures are made in a worker thread, so the event loop (which answers DNS) keeps turning."""
+    entries = store.prepare(items, writer=writer)
+    if store.signer is not None and len(entries) > LOOP_SIGN_LIMIT:
+        entries = await asyncio.to_thread(store.sign, entries)
+    else:
+        entries = store.sign(entries)
+    return store.apply_local(entries)

@@ -58,7 +58,7 @@ from region_agent.state.model import (
     project_key,
     region_key,
 )
-from region_agent.state.store import Store
+from region_agent.state.store import Store, put_many_off_loop
 
 try:  # libyaml: about ten times faster than the pure-Python parser
     from yaml import CSafeLoader as _SafeLoader
@@ -462,9 +462,10 @@ class ZoneFileWatcher:
         copies = self.store.copies
         if self.writer is not None:
             writes = [(key, value) for key, value in writes if key[0] != "copy"]
-        changed = len(self.store.put_many([(key, value) for key, value in writes
-                                           if value is not None or key[0] != "copy" or (key[1], key[2]) in copies],
-                                          writer=self.writer))
+        changed = len(await put_many_off_loop(
+            self.store, [(key, value) for key, value in writes
+                         if value is not None or key[0] != "copy" or (key[1], key[2]) in copies],
+            writer=self.writer))
         self._data = data
         self._applied, self._refused = content.digest, None
         self.watch.accept()

@@ -25,6 +25,7 @@ from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, PartitionPolicy, Project, Region, project_key, region_key
 from region_agent.state.observations import Observations, ObservedState
 from region_agent.state.store import Store
+from tests.fakes.identities import ClusterCA
 
 NOW = 1_800_000_000.0
 
@@ -45,26 +46,63 @@ def _store(*regions: str, projects: dict[str, tuple[str, ...]] | None = None) ->
 def test_observations_round_trip_in_payloads_that_fit_a_datagram() -> None:
     many = [Observation(Aspect.INGRESS, "sfo1", f"r{i:02d}x{i}"[:3] + str(i), i % 2 == 0, NOW) for i in range(200)]
     many = [Observation(o.aspect, o.observer, f"abc{i}", o.up, o.observed_at) for i, o in enumerate(many)]
-    payloads = encode_observations("sfo1", many)
+    payloads = encode_observations("sfo1", many, agent="sfo1/n1")
     assert len(payloads) > 1 and all(len(p) <= MAX_USER_PAYLOAD for p in payloads)
-    decoded = [o for p in payloads for o in decode_observations(p, "sfo1/n1", NOW)]
+    decoded = [o for p in payloads for o in decode_observations(p, NOW)]
     assert [(o.subject, o.up) for o in decoded] == [(o.subject, o.up) for o in many]
     assert all(abs(o.observed_at - NOW) < 0.001 for o in decoded)
 
 
-@pytest.mark.parametrize(("payload", "origin", "problem"), [
-    (encode_observations("sfo1", [Observation(Aspect.LIVENESS, "sfo1", "ams1", False, NOW)])[0], "ams1/n1",
+@pytest.mark.parametrize(("payload", "problem"), [
+    (encode_observations("sfo1", [Observation(Aspect.LIVENESS, "sfo1", "ams1", False, NOW)], agent="ams1/n1"),
      "may not speak for region"),
-    (encode_observations("sfo1", [Observation(Aspect.LIVENESS, "sfo1", "ams1", False, NOW + 3600)])[0],
-     "sfo1/n1", "in the future"),
-    (json.dumps({"v": 1, "r": "sfo1", "o": [["x", "ams1", 0, 1]]}).encode(), "sfo1/n1", "bad observation row"),
-    (json.dumps({"v": 1, "r": "sfo1", "o": [["l", "NOT A REGION", 0, 1]]}).encode(), "sfo1/n1", None),
-    (json.dumps({"v": 2, "r": "sfo1", "o": []}).encode(), "sfo1/n1", "version 1"),
-    (b"\xff\x00", "sfo1/n1", None),
+    (encode_observations("sfo1", [Observation(Aspect.LIVENESS, "sfo1", "ams1", False, NOW + 3600)],
+                         agent="sfo1/n1"), "in the future"),
+    ([json.dumps({"v": 2, "r": "sfo1", "a": "sfo1/n1", "o": [["x", "ams1", 0, 1]]}).encode()], "bad observation row"),
+    ([json.dumps({"v": 2, "r": "sfo1", "a": "sfo1/n1", "o": [["l", "NOT A REGION", 0, 1]]}).encode()], None),
+    ([json.dumps({"v": 1, "r": "sfo1", "o": []}).encode()], "version 2"),
+    ([b"\xff\x00"], None),
 ])
-def test_bad_observation_messages_are_refused(payload: bytes, origin: str, problem: str | None) -> None:
+def test_bad_observation_messages_are_refused(payload: list[bytes], problem: str | None) -> None:
     with pytest.raises(ObservationError, match=problem):
-        decode_observations(payload, origin, NOW)
+        decode_observations(payload[0], NOW)
+
+
+def test_signed_observations_speak_only_for_a_live_member_of_their_region() -> None:
+    """The insiders: a keyring holder without a certificate, an agent of another region with one, and an agent
+    with a valid certificate that is not (or no longer) a member."""
+    ca = ClusterCA.make()
+    ams, sfo = ca.agent("ams1", "n1"), ca.agent("sfo1", "n1")
+    book = ca.book()
+    for agent in (ams, sfo):
+        book.add(agent.der)
+    live = {"ams1/n1"}
+
+    def decode(payload: bytes) -> list[Observation]:
+        return decode_observations(payload, NOW, book=book, is_member=lambda agent, _region: agent in live)
+
+    down = [Observation(Aspect.INGRESS, "ams1", "fra1", False, NOW)]
+    good = encode_observations("ams1", down, agent="ams1/n1", signer=ams.signer)[0]
+    assert [(o.observer, o.subject, o.up) for o in decode(good)] == [("ams1", "fra1", False)]
+    unsigned = encode_observations("ams1", down, agent="ams1/n1")[0]
+    with pytest.raises(ObservationError):
+        decode(unsigned)
+    # San Francisco's agent signing in Amsterdam's name.
+    with pytest.raises(ObservationError, match="may not speak for agent"):
+        decode(encode_observations("ams1", down, agent="ams1/n1", signer=sfo.signer)[0])
+    # A body changed after signing.
+    tampered = json.loads(good)
+    tampered["b"] = tampered["b"].replace('0,', '1,', 1)
+    with pytest.raises(ObservationError, match="does not verify"):
+        decode(json.dumps(tampered).encode())
+    # A certificate under another CA.
+    rogue = ClusterCA.make("rogue").agent("ams1", "n1")
+    with pytest.raises(ObservationError, match="unknown certificate"):
+        decode(encode_observations("ams1", down, agent="ams1/n1", signer=rogue.signer)[0])
+    # Valid, but the agent left: it votes no more.
+    live.clear()
+    with pytest.raises(ObservationError, match="not a live member"):
+        decode(good)
 
 
 def _observer(store: Store, members: list[MemberView], sent: list[tuple[str, bytes]], *,
@@ -97,7 +135,7 @@ async def test_ingress_is_probed_once_per_region_address_and_published_when_it_c
         fra1.ingress_up = False
         await observer.probe_round(session)
         assert observer.ingress == {"ams1": True, "fra1": False}
-        payload = decode_observations(sent[-1][1], "sfo1/n1", time.time())
+        payload = decode_observations(sent[-1][1], time.time())
         assert {(o.aspect, o.subject, o.up) for o in payload} >= {(Aspect.INGRESS, "fra1", False)}
         await observer.probe_round(session)   # nothing changed: nothing sent
         assert len(sent) == 2
@@ -109,13 +147,15 @@ async def test_ingress_is_probed_once_per_region_address_and_published_when_it_c
 
 def test_observations_from_another_region_are_kept_and_our_own_region_is_ours_to_say() -> None:
     store = _store("sfo1", "ams1", "fra1")
-    observer = _observer(store, [_member("sfo1", "n1")], [])
+    observer = _observer(store, [_member("sfo1", "n1"), _member("ams1", "n1")], [])
     heard: list[int] = []
     observer.listeners.append(lambda: heard.append(1))
-    payload = encode_observations("ams1", [Observation(Aspect.INGRESS, "ams1", "fra1", False, time.time())])[0]
+    payload = encode_observations("ams1", [Observation(Aspect.INGRESS, "ams1", "fra1", False, time.time())],
+                                  agent="ams1/n1")[0]
     assert observer.user_message(User("o:ams1/n1:1", "ams1/n1", payload))
     assert observer.observations[(Aspect.INGRESS, "ams1", "fra1")].up is False and heard == [1]
-    own = encode_observations("sfo1", [Observation(Aspect.INGRESS, "sfo1", "fra1", True, time.time())])[0]
+    own = encode_observations("sfo1", [Observation(Aspect.INGRESS, "sfo1", "fra1", True, time.time())],
+                              agent="sfo1/n1")[0]
     assert observer.user_message(User("o:sfo1/n2:1", "sfo1/n2", own))
     assert (Aspect.INGRESS, "sfo1", "fra1") not in observer.observations
     assert not observer.user_message(User("s:abc", "ams1/n1", b"{}"))   # not an observation: another handler's

@@ -21,6 +21,7 @@ from pathlib import Path
 import aiohttp
 import dns.message
 
+from region_agent.cli.keys import init_dir, issue_to_dir
 from region_agent.demo.fake_copy import HealthEndpoint
 from tests.fakes.dns_client import answers, try_ask
 from tests.fakes.ports import free_port
@@ -38,6 +39,19 @@ def zone_text(regions: tuple[str, ...], projects: dict[str, tuple[str, ...]]) ->
     for slug, where in projects.items():
         lines.append(f"  {slug}: {{regions: [{', '.join(where)}], mode: proximity}}")
     return "\n".join(lines) + "\n"
+
+
+def identity_yaml(tmp: Path, region: str, node: str, *, ca: str = "ca") -> str:
+    """The three gossip TLS lines of an agent's identity certificate (region, node) under the CA in
+    ``tmp/<ca>`` (made on first use), indented for the ``gossip:`` block."""
+    ca_dir = tmp / ca
+    if not (ca_dir / "ca.pem").exists():
+        init_dir(ca_dir)
+    out = tmp / f"identity-{region}-{node}"
+    if not (out / f"{region}-{node}.pem").exists():
+        issue_to_dir(ca_dir, None, out, ips=[], dns=[], region=region, node=node)
+    return (f"  tls_ca_file: {ca_dir / 'ca.pem'}\n  tls_cert_file: {out / f'{region}-{node}.pem'}\n"
+            f"  tls_key_file: {out / f'{region}-{node}-key.pem'}\n")
 
 
 def write_keyring(path: Path, keys: list[bytes], primary: bytes) -> None:
@@ -161,7 +175,7 @@ gossip:
   seeds: [{", ".join(seeds)}]
   sync_interval: 1.0
   ready_sync_timeout: 3.0
-{extra}""")
+{"" if "tls_ca_file" in extra else identity_yaml(self.tmp, region, f"n{index}")}{extra}""")
         if token_file is not None:
             agent.token = token_file.read_text().strip()
         self.agents.append(agent)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, write_keyring, zone_text
+from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, identity_yaml, write_keyring, zone_text
 from tests.fakes.ports import free_port
 
 
@@ -68,7 +68,7 @@ gossip:
   seeds: [{", ".join(seeds)}]
   sync_interval: {sync_interval}
   ready_sync_timeout: 3.0
-""")
+{identity_yaml(self.tmp, region, f"n{index}")}""")
         self.agents.append(agent)
         return agent
 

@@ -187,7 +187,8 @@ async def test_tls_cluster_spreads_changes_and_rejects_a_foreign_certificate(tmp
 
     def tls(index: int, ca: str) -> str:
         name = f"{REGIONS[index]}-n{index}"
-        issue_to_dir(tmp_path / ca, name, tmp_path / f"certs{index}", ips=[f"127.0.0.{index + 1}"], dns=[])
+        issue_to_dir(tmp_path / ca, name, tmp_path / f"certs{index}", ips=[f"127.0.0.{index + 1}"], dns=[],
+                     region=REGIONS[index], node=f"n{index}")
         d = tmp_path / f"certs{index}"
         return (f"  tls_ca_file: {tmp_path / ca / 'ca.pem'}\n  tls_cert_file: {d / (name + '.pem')}\n"
                 f"  tls_key_file: {d / (name + '-key.pem')}\n")

@@ -48,7 +48,7 @@ from region_agent.demo.fake_copy import MAX_HEADER, HealthEndpoint
 from region_agent.gossip.config import lan
 from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
-from tests.e2e.cluster import APEX, ROOT, Agent, env_without_drain, write_keyring
+from tests.e2e.cluster import APEX, ROOT, Agent, env_without_drain, identity_yaml, write_keyring
 from tests.e2e.netns import Namespace, Network, unavailable
 
 pytestmark = [
@@ -168,7 +168,7 @@ gossip:
   seeds: [{seed or ""}]
   sync_interval: 1.0
   ready_sync_timeout: 3.0
-cluster:
+{identity_yaml(tmp, region, f"n{index}")}cluster:
   role: {role}
   two_region_policy: {policy}
   observe_interval: {OBSERVE_INTERVAL}
