@@ -25,7 +25,8 @@ TEMPLATES = sorted(p.name for p in (CHART / "templates").glob("*.yaml"))
 RENDER = Chart(CHART)
 
 
-def _values(*, gossip: bool = True, keyring: str = "gossip-keyring", tls: str = "", **chart: Any) -> dict[str, Any]:
+def _values(*, gossip: bool = True, keyring: str = "gossip-keyring", tls: str = "gossip-tls",
+            **chart: Any) -> dict[str, Any]:
     values = copy.deepcopy(_installed())  # _installed() shares nested maps with the module's VALUES
     values["config"]["gossip"].update(enabled=gossip, seeds=["198.51.100.21", "[2001:db8::7]:7946"])
     values["gossip"]["keyring"]["existingSecret"] = keyring
@@ -160,9 +161,16 @@ def test_secrets_are_whole_read_only_volumes_only_in_the_agent_container() -> No
     assert not [m for m in health["volumeMounts"] if m["name"].startswith("gossip")]
     assert _env(health)["REGION_AGENT_GOSSIP__KEYRING_FILE"] == env["REGION_AGENT_GOSSIP__KEYRING_FILE"]
 
-    without_tls = _env(_container(_values()))
+    lab = _values(tls="")
+    lab["config"]["gossip"]["allow_unsigned"] = True
+    without_tls = _env(_container(lab))
     assert "REGION_AGENT_GOSSIP__KEYRING_FILE" in without_tls
     assert not [name for name in without_tls if "TLS" in name]
+
+
+def test_gossip_without_an_identity_fails_the_install_unless_a_lab_says_so() -> None:
+    with pytest.raises(TemplateFailError, match=r"gossip\.tls\.existingSecret"):
+        _docs("daemonset.yaml", _values(tls=""))
 
 
 def test_gossip_without_a_keyring_secret_fails_the_install() -> None:

@@ -31,6 +31,9 @@ empty while gossip is off, so a standalone install renders exactly as before.
 {{- if and (not .Values.gossip.keyring.existingSecret) (not .Values.config.gossip.keyring_file) }}
 {{- fail "config.gossip.enabled needs gossip.keyring.existingSecret (a Secret with keyring.json from `region-agent keys init`)" }}
 {{- end }}
+{{- if and (not .Values.gossip.tls.existingSecret) (not .Values.config.gossip.tls_cert_file) (not .Values.config.gossip.allow_unsigned) }}
+{{- fail "config.gossip.enabled needs gossip.tls.existingSecret (the region's identity certificate from `region-agent keys cert --region`), or config.gossip.allow_unsigned: true for a lab" }}
+{{- end }}
 - name: REGION_AGENT_GOSSIP__ADVERTISE_ADDRESS
   valueFrom: {fieldRef: {fieldPath: {{ if .Values.hostNetwork }}status.hostIP{{ else }}status.podIP{{ end }}}}
 {{- if and .Values.gossip.headlessService (not .Values.config.gossip.seeds_dns) }}
