@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from region_agent.app.replication import StoreReplica
+from region_agent.app.revocations import RevocationError, Revocations
 from region_agent.app.settings import AgentSettings, SettingsError
-from region_agent.base.identity import CertBook, IdentityError, Signer
+from region_agent.base.identity import CertBook, IdentityError, Signer, fingerprint
 from region_agent.cluster.answers import ClusterAnswers
 from region_agent.cluster.members import LIVE_STATES, MemberRow, member_rows
 from region_agent.cluster.observer import ClusterObserver
@@ -69,6 +70,7 @@ class ClusterParts:
         self.view_listeners: list[Callable[[], None]] = []   # membership or verdicts changed
         self.tls: GossipTls | None = None
         self.unsigned = False   # a lab cluster (gossip.allow_unsigned): nothing signed, nothing checked
+        self.revocations: Revocations | None = None
 
     async def start(self) -> None:
         """Bind the gossip port and wire everything; joining and syncing run in :meth:`runners`."""
@@ -139,10 +141,25 @@ class ClusterParts:
             with contextlib.suppress(IdentityError):
                 self.book.add(cert.der)
         self.book.add(signer.identity.der)
+        if self.settings.gossip.revoked_file is not None:
+            self.revocations = Revocations(self.settings.gossip.revoked_file, self.book, self.store)
+            try:
+                self.revocations.load()
+            except RevocationError as exc:
+                raise SettingsError(f"gossip.revoked_file: {exc}") from exc
+        tls.peer_check = self._peer_check
         self.store.signer = signer
         self.store.verifier = EntryVerifier(self.book)
         tls.listeners.append(self._certificate_rotated)
         return IdentityCredentials(self.book, self._current_signer)
+
+    def _peer_check(self, der: bytes) -> str | None:
+        """A stream peer's certificate: learned (to check what it signs) unless revoked or no identity."""
+        try:
+            self.book.add(der)
+        except IdentityError:
+            return "revoked" if fingerprint(der) in self.book.revoked else "no-identity"
+        return None
 
     def _current_signer(self) -> Signer:
         assert self.tls is not None and self.tls.signer is not None
@@ -174,6 +191,8 @@ class ClusterParts:
         }
         if self.tls is not None:
             runners["gossip tls"] = self.tls.run   # re-reads rotated certificate files
+        if self.revocations is not None:
+            runners["gossip revoked certificates"] = self.revocations.run
         runners["cluster observations"] = self.observer.run_publish
         runners["cluster ingress probes"] = self.observer.run_ingress
         runners["cluster verdicts"] = self.answers.run
@@ -203,7 +222,8 @@ class ClusterParts:
     def problems(self) -> tuple[str, ...]:
         lab = ("gossip.allow_unsigned: no identity certificates, any keyring holder can forge writes",) \
             if self.unsigned else ()
-        return lab + self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())
+        return (lab + self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())
+                + (() if self.revocations is None else self.revocations.problems()))
 
     def member_rows(self) -> list[MemberRow]:
         """The members as rows, ``since`` as wall time (the control API shows them to people)."""

@@ -129,7 +129,7 @@ class StoreReplica:
     # --- out ----------------------------------------------------------------------------------
 
     def _on_change(self, changed: list[Entry]) -> None:
-        if self._merging or self._broadcast is None:
+        if self._merging or self._broadcast is None or self.store.dropping:
             return
         if len(changed) > MAX_BROADCAST_BATCH or self._queued() >= MAX_QUEUED:
             # A big batch, or a stream of single writes (10,000 first check results) outrunning the

@@ -65,5 +65,8 @@ class IdentityCredentials:
         return None
 
     def certificate(self, proof: Proof) -> bytes:
+        own = self._signer().identity
+        if proof.signer == own.fingerprint:
+            return own.der
         identity = self.book.get(proof.signer)
         return b"" if identity is None else identity.der

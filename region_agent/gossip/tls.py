@@ -170,6 +170,10 @@ class TlsServerStream:
                 raise
         await self._flush()
 
+    def peer_certificate(self) -> bytes | None:
+        """The peer's certificate (DER) once the handshake is done."""
+        return self._ssl.getpeercert(binary_form=True)
+
     async def readexactly(self, n: int) -> bytes:
         buffer = bytearray()
         while len(buffer) < n:
@@ -198,6 +202,9 @@ class GossipTls:
                                  logger=logger, errors=TlsConfigError)
         self._contexts = self.watch.read_now(self._read)
         self.listeners: list[Callable[[], None]] = []   # told after new files are in use
+        # After a handshake: None when the peer's certificate is also an identity this agent trusts,
+        # else why not (a rejected-messages reason). None: every certificate under the CA is taken.
+        self.peer_check: Callable[[bytes], str | None] | None = None
 
     @classmethod
     def from_files(cls, ca: str | os.PathLike[str], cert: str | os.PathLike[str], key: str | os.PathLike[str], *,

@@ -170,6 +170,10 @@ class StreamTransport:
                     _, writer = await asyncio.open_connection(
                         addr.host, addr.port, ssl=self.tls.client_context, server_hostname="",
                         ssl_handshake_timeout=self.tls.handshake_timeout)
+                    ssl_object = writer.get_extra_info("ssl_object")
+                    if not self._peer_accepted(addr.host, None if ssl_object is None else
+                                               ssl_object.getpeercert(binary_form=True)):
+                        return
                 writer.write(struct.pack(">I", len(sealed)) + sealed)
                 await writer.drain()
         except ssl.SSLError as exc:  # the peer's certificate failed here, or ours there
@@ -182,6 +186,19 @@ class StreamTransport:
                 writer.close()
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
+
+    def _peer_accepted(self, host: str, der: bytes | None) -> bool:
+        """The TLS peer's certificate passed the handshake (it chains to the CA); is it also an identity
+        this agent trusts (not revoked)? Learned for checking what it signs."""
+        check = None if self.tls is None else self.tls.peer_check
+        if check is None:
+            return True
+        reason = "no-certificate" if der is None else check(der)
+        if reason is None:
+            return True
+        self.stats.rejected[reason] += 1
+        logger.debug("gossip stream with %s refused: %s", host, reason)
+        return False
 
     def _tls_failed(self, host: str, exc: BaseException) -> None:
         self.stats.rejected["tls"] += 1
@@ -210,6 +227,9 @@ class StreamTransport:
                 writer.close()
                 self._tls_failed(str(peer[0]) if peer else "?",
                                  exc if str(exc) else TimeoutError(f"no handshake in {self.tls.handshake_timeout} s"))
+                return
+            if not self._peer_accepted(str(peer[0]) if peer else "?", stream.peer_certificate()):
+                writer.close()
                 return
             readexactly = stream.readexactly
         try:

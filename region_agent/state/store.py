@@ -301,6 +301,7 @@ class Store:
         self.clock = clock
         self.signer = signer        # signs every local write (a cluster agent); None: unsigned
         self.verifier = verifier    # checks every remote entry's signature; None: not checked
+        self.dropping = False       # set while listeners hear of drop(): local removals, not writes
         self.tombstone_ttl_ms = int(tombstone_ttl * 1000)
         self.metrics = StoreMetrics(registry if registry is not None else CollectorRegistry())
         self._entries: dict[Key, Entry] = {}
@@ -567,6 +568,26 @@ class Store:
         self.metrics.expired.inc(len(old))
         self.metrics.tombstones.set(len(self._tombstones))
         return len(old)
+
+    def drop(self, predicate: Callable[[Entry], bool]) -> list[Entry]:
+        """Remove the entries ``predicate`` picks, leaving no tombstone: what this agent's own policy no
+        longer accepts (entries signed by a revoked certificate). Every agent under the same policy drops
+        the same ones, so digests still converge; a peer's copy of them is refused on merge. Listeners hear
+        the removals as tombstones while :attr:`dropping` is set (the replica does not broadcast them)."""
+        gone = [e for e in self._entries.values() if predicate(e)]
+        for entry in gone:
+            del self._entries[entry.key]
+            self._tombstones.pop(entry.key, None)
+            bucket, digest = self._hashes.pop(entry.key)
+            self._bucket_sums[bucket] = (self._bucket_sums[bucket] - digest) % _MOD
+            self._index(Entry(entry.key, None, entry.version))
+        if gone:
+            self.dropping = True
+            try:
+                self._notify([Entry(e.key, None, e.version) for e in gone])
+            finally:
+                self.dropping = False
+        return gone
 
     # --- notifications ------------------------------------------------------------------
 
