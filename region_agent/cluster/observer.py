@@ -174,8 +174,10 @@ class ClusterObserver:
     # --- the view every rule reads ------------------------------------------------------------
 
     def view(self) -> ClusterView:
-        return self.quorum.view(regions=self.store.regions.keys(), members=self._members(),
-                                fenced=self.store.fenced.keys(), observations=self.observations.values())
+        regions = self.store.regions
+        return self.quorum.view(regions=[n for n, r in regions.items() if not r.witness], members=self._members(),
+                                fenced=self.store.fenced.keys(), observations=self.observations.values(),
+                                witnesses=[n for n, r in regions.items() if r.witness])
 
     # --- incoming -----------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from region_agent.gossip.membership import MemberView
-from region_agent.gossip.messages import Role, State
+from region_agent.gossip.messages import State
 
 __all__ = [
     "Aspect", "ClusterView", "Observation", "Policy", "Quorum", "Status", "Verdict", "alive_regions",
@@ -119,6 +119,7 @@ class ClusterView:
     max_age: float  # observations older than this do not count
     fenced: frozenset[str] = frozenset()
     observations: tuple[Observation, ...] = ()
+    witnesses: frozenset[str] = frozenset()  # registered witness regions: they vote, answers hold none of them
 
 
 class Quorum:
@@ -132,31 +133,31 @@ class Quorum:
         self._clock = clock
 
     def view(self, *, regions: Iterable[str], members: Iterable[MemberView], fenced: Iterable[str] = (),
-             observations: Iterable[Observation] = ()) -> ClusterView:
+             observations: Iterable[Observation] = (), witnesses: Iterable[str] = ()) -> ClusterView:
         return ClusterView(self.local_region, frozenset(regions), tuple(members), self._clock(), self.max_age,
-                           frozenset(fenced), tuple(observations))
+                           frozenset(fenced), tuple(observations), frozenset(witnesses))
 
 
 # --- membership ---------------------------------------------------------------------------
 
 
 def known_regions(view: ClusterView) -> frozenset[str]:
-    present = {m.member.region for m in view.members if m.state is not State.LEFT}
-    return frozenset(view.regions | present | {view.local_region})
+    """The regions that vote: the configured ones and the registered witnesses (and this agent's own).
+    Never what the membership remembers: a member of a region nobody configured has no vote, and a
+    registered witness that is gone still counts, as a dead vantage point."""
+    return frozenset(view.regions | view.witnesses | {view.local_region})
 
 
 def alive_regions(view: ClusterView) -> frozenset[str]:
-    alive = {m.member.region for m in view.members if m.state in _LIVE_STATES}
+    """Known regions with a member alive (or suspect); this agent's own always."""
+    known = known_regions(view)
+    alive = {m.member.region for m in view.members if m.state in _LIVE_STATES and m.member.region in known}
     return frozenset(alive | {view.local_region})
 
 
 def witness_regions(view: ClusterView) -> frozenset[str]:
-    """Regions whose (not departed) members are all witnesses."""
-    roles: dict[str, set[Role]] = {}
-    for m in view.members:
-        if m.state is not State.LEFT:
-            roles.setdefault(m.member.region, set()).add(m.member.role)
-    return frozenset(region for region, found in roles.items() if found == {Role.WITNESS})
+    """The registered witness regions."""
+    return view.witnesses
 
 
 def has_majority(view: ClusterView) -> bool:

@@ -159,7 +159,7 @@ _ADDRESS_FIELDS = (("ipv4", 4), ("ipv6", 6), ("ns_ipv4", 4), ("ns_ipv6", 6))
 
 def parse_region(name: str, data: Mapping[str, Any]) -> Region:
     """A region from a PUT body: ingress and name-server addresses, location."""
-    _only(data, ("name", *(key for key, _ in _ADDRESS_FIELDS), "latitude", "longitude"))
+    _only(data, ("name", *(key for key, _ in _ADDRESS_FIELDS), "latitude", "longitude", "witness"))
     _name_matches(data, "name", name)
     lists: dict[str, tuple[str, ...]] = {}
     for key, version in _ADDRESS_FIELDS:
@@ -197,9 +197,12 @@ def parse_region(name: str, data: Mapping[str, Any]) -> Region:
     if (location["latitude"] is None) != (location["longitude"] is None):
         missing = "longitude" if location["longitude"] is None else "latitude"
         raise ApiError(422, "latitude and longitude go together", f"$.{missing}")
+    witness = data.get("witness", False)
+    if not isinstance(witness, bool):
+        raise ApiError(422, f"witness must be true or false, not {_json_type(witness)}", "$.witness")
     try:
         return Region(name, lists["ipv4"], lists["ipv6"], lists["ns_ipv4"], lists["ns_ipv6"], location["latitude"],
-                      location["longitude"])
+                      location["longitude"], witness)
     except (ModelError, ValueError) as exc:
         raise ApiError(422, str(exc), "$") from None
 

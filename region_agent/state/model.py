@@ -102,9 +102,14 @@ class Region:
     ns_ipv6: tuple[str, ...] = ()
     latitude: float | None = None
     longitude: float | None = None
+    # A witness region votes on which regions are out and holds no copies; registering it here
+    # (not its members' say-so) is what makes it count, as a dead vantage point too while it is gone.
+    witness: bool = False
 
     def __post_init__(self) -> None:
         region_name(self.name)
+        if self.witness and (self.ipv4 or self.ipv6):
+            raise ModelError(f"{self.name}: a witness region serves no copies (no ipv4, no ipv6)")
         for name, version in (("ipv4", 4), ("ipv6", 6), ("ns_ipv4", 4), ("ns_ipv6", 6)):
             object.__setattr__(self, name, _addresses(getattr(self, name), version, f"{self.name}.{name}"))
         if (self.latitude is None) != (self.longitude is None):
@@ -121,7 +126,7 @@ class Region:
         return {
             "name": self.name, "ipv4": list(self.ipv4), "ipv6": list(self.ipv6),
             "ns_ipv4": list(self.ns_ipv4), "ns_ipv6": list(self.ns_ipv6),
-            "latitude": self.latitude, "longitude": self.longitude,
+            "latitude": self.latitude, "longitude": self.longitude, "witness": self.witness,
         }
 
     @classmethod
@@ -130,6 +135,7 @@ class Region:
             name=str(data["name"]), ipv4=tuple(data.get("ipv4") or ()), ipv6=tuple(data.get("ipv6") or ()),
             ns_ipv4=tuple(data.get("ns_ipv4") or ()), ns_ipv6=tuple(data.get("ns_ipv6") or ()),
             latitude=_float_or_none(data.get("latitude")), longitude=_float_or_none(data.get("longitude")),
+            witness=data.get("witness") is True,
         )
 
 

@@ -119,6 +119,7 @@ class _RegionEntry(BaseModel):
     ns_ipv6: list[str] = Field(default_factory=list)
     latitude: float | None = None
     longitude: float | None = None
+    witness: bool = False   # a region that votes and holds no copies (its agents run cluster.role: witness)
 
 
 class _ProjectEntry(BaseModel):
@@ -191,7 +192,7 @@ def parse_zone_data(raw: Any, source: str = "zone file") -> ZoneData:
     try:
         for name, r in parsed.regions.items():
             regions[name] = Region(name, tuple(r.ipv4), tuple(r.ipv6), tuple(r.ns_ipv4), tuple(r.ns_ipv6),
-                                   r.latitude, r.longitude)
+                                   r.latitude, r.longitude, r.witness)
         for slug, p in parsed.projects.items():
             projects[slug] = Project(slug, tuple(p.regions), p.primary, p.mode, p.all_down, p.partition)
     except (ModelError, ValueError) as exc:

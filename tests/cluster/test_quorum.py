@@ -56,7 +56,8 @@ class Case:
         observations = [Observation(aspect, observer, subject, up, NOW - age)
                         for aspect, observer, subject, up, age in self.obs]
         return Quorum(local_region=self.local, max_age=MAX_AGE, clock=lambda: NOW).view(
-            regions=self.regions, members=members, fenced=self.fenced, observations=observations)
+            regions=self.regions, members=members, fenced=self.fenced, observations=observations,
+            witnesses=self.witness.keys())
 
 
 THREE = (A, B, C)
@@ -135,7 +136,9 @@ VERDICTS = [
     ("witness sees B's ingress up", Case(A, TWO, {}, {W: State.ALIVE}, obs=((IN, A, B, False, 1), (IN, W, B, True, 1))),
      B, Status.UP, True, True),
     ("A isolated from B and witness", Case(A, TWO, {B: DEAD}, {W: State.DEAD}), B, Status.HELD, True, True),
-    ("witness left: two regions again", Case(A, TWO, {B: DEAD}, {W: State.LEFT}), B, Status.CONTESTED, True, False),
+    # A registered witness that left still counts (a dead vantage point): A alone is a minority and drops
+    # nobody, so two regions under failover never both drop each other.
+    ("witness left: still a vantage point", Case(A, TWO, {B: DEAD}, {W: State.LEFT}), B, Status.HELD, True, True),
 ]
 
 
@@ -170,13 +173,19 @@ def test_has_majority(case: Case, majority: bool) -> None:
     assert has_majority(case.view()) is majority
 
 
-def test_a_region_only_in_the_membership_is_known_and_a_departed_one_is_not() -> None:
+def test_only_configured_regions_and_registered_witnesses_vote() -> None:
     view = Case(A, TWO, {B: (State.LEFT,)}, {W: State.ALIVE}).view()
-    assert known_regions(view) == {A, B, W}  # B is configured; the witness is a member
+    assert known_regions(view) == {A, B, W}  # B is configured; the witness is registered
     assert alive_regions(view) == {A, W}
     assert witness_regions(view) == {W}
-    departed = Case(A, (A,), {}, {W: State.LEFT}).view()
-    assert known_regions(departed) == {A} and witness_regions(departed) == frozenset()
+    gone = Case(A, (A,), {}, {W: State.LEFT}).view()
+    assert known_regions(gone) == {A, W} and alive_regions(gone) == {A}   # a forgotten witness still counts
+    # Members of a region nobody configured (forged or stray): no vote, no majority for them.
+    stray = Quorum(local_region=A, max_age=MAX_AGE, clock=lambda: NOW).view(
+        regions=THREE, members=[_member(A, 0, State.ALIVE), _member("xxx1", 1, State.ALIVE),
+                                _member("xxx2", 2, State.ALIVE), _member("xxx3", 3, State.ALIVE)])
+    assert known_regions(stray) == set(THREE) and alive_regions(stray) == {A}
+    assert not has_majority(stray)
 
 
 def test_liveness_observations_are_what_this_region_gossips() -> None:

@@ -277,7 +277,7 @@ async def test_a_created_project_is_answered_by_the_zone_compiler(client: Client
 async def test_regions_round_trip_and_delete(client: Client, cluster: Cluster) -> None:
     await _setup_regions(client)
     status, body, _ = await _call(client, "GET", "/v1/regions/sfo1")
-    assert status == 200 and body == {"name": "sfo1", "ns_ipv6": [], **SFO}
+    assert status == 200 and body == {"name": "sfo1", "ns_ipv6": [], **SFO, "witness": False}
     status, body, _ = await _call(client, "PUT", "/v1/regions/sfo1", body)  # what GET gives, PUT takes
     assert status == 200
     listing = (await _call(client, "GET", "/v1/regions"))[1]

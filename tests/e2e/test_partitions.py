@@ -141,9 +141,11 @@ class Setup:
         return {self.address(r) for r in self.agents}
 
 
-def _zone(addresses: dict[str, str], projects: dict[str, tuple[str, ...]]) -> str:
+def _zone(addresses: dict[str, str], projects: dict[str, tuple[str, ...]], witness: str | None = None) -> str:
     lines = ["regions:"]
     lines += [f"  {region}: {{ipv4: [{address}], ns_ipv4: [{address}]}}" for region, address in addresses.items()]
+    if witness is not None:
+        lines.append(f"  {witness}: {{witness: true}}")   # registered: only then does it vote
     lines.append("projects:")
     lines += [f"  {slug}: {{regions: [{', '.join(where)}], mode: proximity}}" for slug, where in projects.items()]
     return "\n".join(lines) + "\n"
@@ -197,7 +199,7 @@ async def partitioned(tmp: Path, regions: tuple[str, ...], *, witness: str | Non
         write_keyring(tmp / "keyring.json", [key], key)
         (tmp / "token").write_text(TOKEN + "\n")
         zone = tmp / "zone.yaml"
-        zone.write_text(_zone({r: spaces[r].address for r in regions}, {"shop": regions}))
+        zone.write_text(_zone({r: spaces[r].address for r in regions}, {"shop": regions}, witness))
         seed = f"{spaces[regions[0]].address}:{GOSSIP_PORT}"
         for index, (name, ns) in enumerate(spaces.items()):
             role = "witness" if name == witness else "agent"
