@@ -97,3 +97,44 @@ async def test_a_revoked_region_certificate_stops_that_regions_writes(tmp_path: 
         assert await _answers(others, ALL - {"127.0.0.42"})
     finally:
         await c.stop()
+
+
+async def test_a_certificate_rotated_under_the_same_ca_keeps_every_member(tmp_path: Path) -> None:
+    """sfo1's certificate files are replaced (as a renewed Secret would be): the agent files the new one,
+    signs with it, and no member is lost at any sample meanwhile (GossipTls polls every 30 s)."""
+    c = Cluster(tmp_path)
+    await c.start_copies(3)
+    key = generate_key()
+    ring = tmp_path / "keyring.json"
+    write_keyring(ring, [key], key)
+    zone = tmp_path / "zone.yaml"
+    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
+    first = c.add(0, zone_file=zone, keyring=ring, seeds=[])
+    seeds = [f"{first.host}:{first.gossip_port}"]
+    c.add(1, zone_file=None, keyring=ring, seeds=seeds)
+    c.add(2, zone_file=None, keyring=ring, seeds=seeds)
+    for agent in c.agents:
+        agent.start()
+    try:
+        await wait_for(lambda: _answers(c.agents, ALL), timeout=30, interval=0.1, message="the cluster answers")
+        everyone = set(REGIONS[:3])
+        fresh = tmp_path / "renewed"
+        new_cert, new_key, _ = issue_to_dir(tmp_path / "ca", "sfo1-n0", fresh, ips=[], dns=[], region="sfo1",
+                                            node="n0")
+        where = tmp_path / "identity-sfo1-n0"
+        (where / "sfo1-n0-key.pem").write_bytes(new_key.read_bytes())
+        (where / "sfo1-n0.pem").write_bytes(new_cert.read_bytes())
+
+        async def renewed() -> bool:
+            for agent in c.agents:   # sampled throughout: every member stays
+                assert await _members(agent) == everyone
+            return "gossip TLS certificate reloaded" in first.log.read_text()
+
+        await wait_for(renewed, timeout=60, interval=0.5, message="the renewed certificate in use")
+        c.copies[0].set("down")   # signed with the new key: taken by the others
+        await wait_for(lambda: _answers(c.agents[1:], ALL - {"127.0.0.41"}), timeout=20, interval=0.1,
+                       message="sfo1's report under its new certificate taken")
+        for agent in c.agents:
+            assert await _members(agent) == everyone
+    finally:
+        await c.stop()
