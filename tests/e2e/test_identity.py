@@ -118,6 +118,11 @@ async def test_a_certificate_rotated_under_the_same_ca_keeps_every_member(tmp_pa
     try:
         await wait_for(lambda: _answers(c.agents, ALL), timeout=30, interval=0.1, message="the cluster answers")
         everyone = set(REGIONS[:3])
+
+        async def all_members() -> bool:
+            return all([await _members(agent) == everyone for agent in c.agents])
+
+        await wait_for(all_members, timeout=20, interval=0.1, message="every agent sees every region")
         fresh = tmp_path / "renewed"
         new_cert, new_key, _ = issue_to_dir(tmp_path / "ca", "sfo1-n0", fresh, ips=[], dns=[], region="sfo1",
                                             node="n0")
