@@ -177,7 +177,12 @@ def has_contact_majority(view: ClusterView, heard_at: Mapping[str, float], now: 
     """
     heard = {view.local_region}
     for m in view.members:
-        if m.state in _LIVE_STATES and now - max(heard_at.get(m.member.name, m.since), m.since) <= window:
+        if m.state not in _LIVE_STATES:
+            continue
+        # Contact is an ack or a ping, nothing else: a member turning suspect (its ``since`` moves) has
+        # not been heard from. One never probed yet counts from when it became alive.
+        last = heard_at.get(m.member.name, m.since if m.state is State.ALIVE else None)
+        if last is not None and now - last <= window:
             heard.add(m.member.region)
     known = known_regions(view)
     return 2 * len(heard & known) > len(known)

@@ -5,7 +5,9 @@ on every change :class:`LocalCopyWriter` takes a :class:`~region_agent.kube.sour
 and writes every copy as one batch, owned by this region, so the zone compiler and gossip hear
 once per change; unchanged copies make no new version, and a first sync of 10,000 copies goes to
 anti-entropy rather than 10,000 broadcasts. Before the first LIST nothing is written: unknown is
-not unhealthy. A slug that leaves the watch is written ``not-found``.
+not unhealthy. A slug that leaves the watch is written ``not-found``, and so, at the first sync,
+is every copy of this region the store still reports and the watch does not have: a Service
+deleted while the agent was down (or while the region had no agent) does not stay healthy forever.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ class LocalCopyWriter:
     async def write(self, copies: dict[str, CopyStatus]) -> None:
         items = [(copy_key(slug, self.region), CopyHealth(status.healthy, status.reason.value))
                  for slug, status in copies.items()]
-        items += [(copy_key(slug, self.region), CopyHealth(False, "not-found"))
-                  for slug in self._written - copies.keys()]
+        gone = self._written - copies.keys()
+        if not self.synced.is_set():   # the first sync: whatever the store holds for this region, too
+            gone |= {slug for (slug, region), health in self.store.copies.items()
+                     if region == self.region and health.reason != "not-found"} - copies.keys()
+        items += [(copy_key(slug, self.region), CopyHealth(False, "not-found")) for slug in sorted(gone)]
         self._written = set(copies)
         await put_many_off_loop(self.store, items)
 

@@ -9,7 +9,12 @@ the store changes, and once more at stop. Anti-entropy then brings anything newe
 
 A file that can not be read or parsed is moved aside (``<name>.corrupt-<unix time>``) and the
 agent starts empty: a bad volume is never a reason not to start, and the evidence is kept.
-Tombstones are saved too, so a delete does not come back from an old snapshot.
+Tombstones are saved too, so a delete does not come back from an old snapshot, as long as the
+snapshot is younger than the tombstone horizon: one saved longer ago than
+:data:`~region_agent.state.store.CONTROL_TOMBSTONE_TTL_SECONDS` minus :data:`HORIZON_MARGIN_SECONDS`
+may hold entries whose deletes every peer has since forgotten, so it is moved aside
+(``<name>.stale-<unix time>``) and the agent starts empty, taking the peers' state (Cassandra's
+``gc_grace_seconds`` rule: a node away longer is rebuilt, never rejoined).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ logger = logging.getLogger("region_agent.state")
 
 FORMAT = 1
 MAX_BYTES = 512 * 1024 * 1024
+HORIZON_MARGIN_SECONDS = 86_400.0   # a snapshot this close to the horizon is already too old
 
 
 class SnapshotError(ValueError):
@@ -42,6 +48,16 @@ def encode_snapshot(entries: list[Entry], saved_at: float) -> bytes:
     rows = [json.dumps(entry_to_json(e), separators=(",", ":"), ensure_ascii=False) for e in entries]
     header = json.dumps({"format": FORMAT, "saved_at": saved_at, "entries": len(rows)})
     return ("\n".join([header, *rows]) + "\n").encode()
+
+
+def snapshot_saved_at(raw: bytes) -> float | None:
+    """The header's ``saved_at`` (wall seconds), None when the header has none."""
+    try:
+        header = json.loads(raw[:raw.find(b"\n")] if b"\n" in raw else raw)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    saved = header.get("saved_at") if isinstance(header, dict) else None
+    return float(saved) if isinstance(saved, int | float) and not isinstance(saved, bool) else None
 
 
 def decode_snapshot(raw: bytes) -> tuple[list[Entry], int]:
@@ -103,13 +119,16 @@ class StoreSnapshotFile:
             if raw is None:
                 logger.info("state file %s does not exist yet: starting empty", self.path)
                 return 0
+            saved_at = snapshot_saved_at(raw)
+            horizon = self.store.control_tombstone_ttl_ms / 1000 - HORIZON_MARGIN_SECONDS
+            if saved_at is not None and time.time() - saved_at > horizon:
+                self._aside("stale", f"saved {(time.time() - saved_at) / 86_400:.1f} days ago, beyond the "
+                            f"{horizon / 86_400:.0f}-day tombstone horizon: deletes made since may be forgotten "
+                            "everywhere")
+                return 0
             entries, refused = await asyncio.to_thread(decode_snapshot, raw)
         except (OSError, SnapshotError) as exc:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            self.problem = f"state file {self.path} unusable ({exc}); moved to {aside.name}, started empty"
-            logger.error(self.problem)
+            self._aside("corrupt", f"unusable ({exc})")
             return 0
         result = self.store.merge(entries)
         applied = len(result.applied)
@@ -118,6 +137,13 @@ class StoreSnapshotFile:
                     len(result.rejected), refused)
         self._dirty.clear()
         return applied
+
+    def _aside(self, kind: str, why: str) -> None:
+        aside = self.path.with_name(f"{self.path.name}.{kind}-{int(time.time())}")
+        with contextlib.suppress(OSError):
+            os.replace(self.path, aside)
+        self.problem = f"state file {self.path} {why}; moved to {aside.name}, started empty"
+        logger.error(self.problem)
 
     async def save(self) -> None:
         entries = list(self.store.entries())   # immutable entries: encoded in a thread

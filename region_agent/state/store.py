@@ -32,10 +32,12 @@ merge is idempotent and order-free, a later anti-entropy round repairs what was 
 once the sender is fixed. A local batch (``put_many``) is all-or-nothing instead: a bad
 local write is a bug of the caller and raises before anything changes.
 
-Tombstones are kept :data:`TOMBSTONE_TTL_SECONDS` (a day; it must exceed the longest time
-an agent can be partitioned away and come back, or its old copy of a deleted key would
-return) and swept every :data:`TOMBSTONE_SWEEP_SECONDS` by the supervisor calling
-:meth:`Store.expire_tombstones`.
+Tombstones of control-owned keys (regions, projects, fences: what the platform configures and a
+returning agent must never resurrect) are kept :data:`CONTROL_TOMBSTONE_TTL_SECONDS` (30 days:
+the *horizon*; an agent away longer, or a snapshot older, must not offer its state again, see
+:mod:`region_agent.state.persist`); the others (copy health its owner rewrites, ACME records that
+expire on their own, certificates) :data:`TOMBSTONE_TTL_SECONDS` (a day). They are swept every
+:data:`TOMBSTONE_SWEEP_SECONDS` by the supervisor calling :meth:`Store.expire_tombstones`.
 
 This module does no I/O and never awaits: callers own locking-free single-loop access.
 """
@@ -81,6 +83,8 @@ BUCKETS = 256
 _CANONICAL = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 _MOD = 1 << 128
 TOMBSTONE_TTL_SECONDS = 86_400.0
+CONTROL_TOMBSTONE_TTL_SECONDS = 30 * 86_400.0
+_CONTROL_KINDS = frozenset((Kind.REGION.value, Kind.PROJECT.value, Kind.FENCE.value))
 TOMBSTONE_SWEEP_SECONDS = 600.0
 
 
@@ -294,6 +298,7 @@ class StoreMetrics:
 
 class Store:
     def __init__(self, *, writer: str, clock: HybridClock, tombstone_ttl: float = TOMBSTONE_TTL_SECONDS,
+                 control_tombstone_ttl: float = CONTROL_TOMBSTONE_TTL_SECONDS,
                  registry: CollectorRegistry | None = None, signer: EntrySigner | None = None,
                  verifier: EntryVerifier | None = None) -> None:
         writer_role(writer)
@@ -303,6 +308,7 @@ class Store:
         self.verifier = verifier    # checks every remote entry's signature; None: not checked
         self.dropping = False       # set while listeners hear of drop(): local removals, not writes
         self.tombstone_ttl_ms = int(tombstone_ttl * 1000)
+        self.control_tombstone_ttl_ms = int(control_tombstone_ttl * 1000)
         self.metrics = StoreMetrics(registry if registry is not None else CollectorRegistry())
         self._entries: dict[Key, Entry] = {}
         self._hashes: dict[Key, tuple[int, int]] = {}  # key -> (bucket, hash of its entry), for the digest
@@ -550,6 +556,7 @@ class Store:
         """
         now = self.clock.wall_ms() if now_wall_ms is None else now_wall_ms
         cutoff = now - self.tombstone_ttl_ms
+        control_cutoff = now - self.control_tombstone_ttl_ms
         # The newest entry stays, tombstone or not: it is what the serial counts from, so an
         # expiry (here, or before a snapshot was saved) never turns the serial back.
         newest = self._newest_hlc
@@ -559,7 +566,8 @@ class Store:
         else:
             keep = -1
         old = [e for e in self._tombstones.values()
-               if physical_ms(e.version.hlc) < cutoff and e.version.hlc != keep]
+               if physical_ms(e.version.hlc) < (control_cutoff if e.key[0] in _CONTROL_KINDS else cutoff)
+               and e.version.hlc != keep]
         for entry in old:
             del self._entries[entry.key]
             del self._tombstones[entry.key]

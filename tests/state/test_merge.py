@@ -31,7 +31,7 @@ def _store(writer: str = "sfo1/me", wall: ManualClock | None = None,
            ttl: float = 60.0) -> tuple[Store, CollectorRegistry]:
     registry = CollectorRegistry()
     clock = HybridClock((wall or ManualClock()).wall_ms)
-    return Store(writer=writer, clock=clock, tombstone_ttl=ttl, registry=registry), registry
+    return Store(writer=writer, clock=clock, tombstone_ttl=ttl, control_tombstone_ttl=ttl, registry=registry), registry
 
 
 def _rejected(registry: CollectorRegistry, reason: str) -> float:

@@ -77,3 +77,36 @@ async def test_entries_a_peer_could_not_send_are_refused_on_load_too(tmp_path: P
     cluster = _store()
     assert await StoreSnapshotFile(path, cluster, CollectorRegistry()).load() == 0
     assert len(cluster) == 0
+
+
+async def test_a_snapshot_older_than_the_tombstone_horizon_is_moved_aside(tmp_path: Path) -> None:
+    """Three days past a 2-day horizon: it may hold a project deleted while the agent was away, whose tombstone
+    every peer has forgotten. Loading it would offer the project again; it is moved aside instead."""
+    source = _filled()
+    path = tmp_path / "state.jsonl"
+    path.write_bytes(encode_snapshot(list(source.entries()), time.time() - 3 * 86_400))
+    restored = Store(writer="sfo1/n1", clock=HybridClock(lambda: int(time.time() * 1000)),
+                     control_tombstone_ttl=2 * 86_400 + 3600)
+    snapshot = StoreSnapshotFile(path, restored, CollectorRegistry())
+    assert await snapshot.load() == 0 and len(restored) == 0
+    assert not path.exists() and len(list(tmp_path.glob("state.jsonl.stale-*"))) == 1
+    assert snapshot.problem is not None and "horizon" in snapshot.problem
+    # The same snapshot a day old is within the horizon: loaded.
+    path.write_bytes(encode_snapshot(list(source.entries()), time.time() - 86_400 + 3600))
+    assert await StoreSnapshotFile(path, restored, CollectorRegistry()).load() == len(source)
+
+
+def test_control_tombstones_outlive_the_others() -> None:
+    """Projects, regions and fences are what a returning agent must never resurrect: 30 days; copy health
+    and ACME records a day."""
+    wall_ms = [1_800_000_000_000]
+    store = Store(writer="control/x", clock=HybridClock(lambda: wall_ms[0]))
+    store.put(project_key("shop"), Project("shop", ("sfo1",)))
+    store.put_many([(copy_key("shop", "sfo1"), CopyHealth(True))], writer="sfo1/n1")
+    store.put_many([(copy_key("shop", "sfo1"), None)], writer="sfo1/n1")
+    store.delete(project_key("shop"))
+    store.put(project_key("blog"), Project("blog", ("sfo1",)))   # the newest entry, which never expires
+    two_days = wall_ms[0] + 2 * 86_400_000
+    assert store.expire_tombstones(two_days) == 1                # the copy's
+    assert store.entry(project_key("shop")) is not None          # the project's delete is remembered
+    assert store.expire_tombstones(wall_ms[0] + 31 * 86_400_000) == 1

@@ -167,7 +167,7 @@ def test_digest_is_equal_iff_contents_are_equal_and_updates_incrementally() -> N
 
 def test_tombstones_hide_values_and_expire_after_the_ttl() -> None:
     wall = ManualClock()
-    store = Store(writer="control/a", clock=HybridClock(wall.wall_ms), tombstone_ttl=60)
+    store = Store(writer="control/a", clock=HybridClock(wall.wall_ms), tombstone_ttl=60, control_tombstone_ttl=60)
     store.put(project_key("shop"), Project("shop", ("sfo1",)))
     store.delete(project_key("shop"))
     assert store.get(project_key("shop")) is None
@@ -183,7 +183,7 @@ def test_the_newest_entry_never_expires_so_the_serial_never_goes_back() -> None:
     """A delete that is the last change of a quiet zone: expiring it would turn the serial back (here, and in
     every snapshot saved after), and agents with equal digests would answer different serials."""
     wall = ManualClock()
-    store = Store(writer="control/a", clock=HybridClock(wall.wall_ms), tombstone_ttl=60)
+    store = Store(writer="control/a", clock=HybridClock(wall.wall_ms), tombstone_ttl=60, control_tombstone_ttl=60)
     store.put(project_key("shop"), Project("shop", ("sfo1",)))
     store.put(project_key("blog"), Project("blog", ("sfo1",)))
     store.delete(project_key("shop"))
