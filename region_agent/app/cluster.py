@@ -203,9 +203,28 @@ class ClusterParts:
             await self.node.stop()
 
     async def synced(self, timeout: float) -> None:
-        """Wait for a first exchange with a peer, at most ``timeout`` (a lone first agent comes up after it)."""
+        """Wait for a first completed exchange with a peer. A lone first agent (no seed ever resolved to
+        anyone but itself) comes up after ``timeout``; an agent that had seeds to join waits on: one whose
+        peers never answer (a wrong CA, a wrong key, unreachable seeds) is an island, not ready, refusing
+        writes, and withholding an empty zone (SERVFAIL, never NXDOMAIN)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.anti_entropy.synced.wait(), timeout)
+            return
+        if self.node.join_attempts == 0:
+            return
+        logger.warning("no completed sync with any peer %.0f s after start although seeds were found: not "
+                       "ready, writes refused, until one completes (check gossip.seeds, the keyring and the CA)",
+                       timeout)
+        await self.anti_entropy.synced.wait()
+        logger.info("first sync with a peer completed")
+
+    def island(self) -> bool:
+        """Seeds were there to join, but no exchange with a peer ever completed."""
+        return self.node.join_attempts > 0 and not self.anti_entropy.synced.is_set()
+
+    def may_have_peers(self) -> bool:
+        g = self.settings.gossip
+        return bool(g.seeds or g.seeds_dns)
 
     def _on_member_change(self, view: MemberView, previous: State | None) -> None:
         if view.state is State.ALIVE and previous is not State.ALIVE and previous is not State.SUSPECT:
@@ -220,9 +239,11 @@ class ClusterParts:
     # --- views ---------------------------------------------------------------------------------
 
     def problems(self) -> tuple[str, ...]:
+        island = ("gossip: no completed sync with any peer although seeds were found (island): writes refused",) \
+            if self.island() else ()
         lab = ("gossip.allow_unsigned: no identity certificates, any keyring holder can forge writes",) \
             if self.unsigned else ()
-        return (lab + self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())
+        return (island + lab + self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())
                 + (() if self.revocations is None else self.revocations.problems()))
 
     def member_rows(self) -> list[MemberRow]:

@@ -148,7 +148,7 @@ class Agent:
 
     def has_majority(self) -> bool:
         """The write gate: alone (no gossip) always open; in a cluster, see :mod:`region_agent.cluster.write_gate`."""
-        return self.cluster is None or self.cluster.write_gate.open()
+        return self.cluster is None or (not self.cluster.island() and self.cluster.write_gate.open())
 
     def _own_ns_addresses(self) -> tuple[str, ...]:
         region = self.store.regions.get(self.settings.region)
@@ -173,6 +173,9 @@ class Agent:
             await self.state_file.load()  # before gossip: peers then send only what is newer
         if self.settings.gossip.enabled:
             await self._start_cluster()
+            assert self.cluster is not None
+            if not self.store.regions and not self.store.projects and self.cluster.may_have_peers():
+                self.dns.withhold()   # an empty store is not an empty zone: SERVFAIL until synced
         if not self.witness:  # a witness serves no DNS and no copies: it only votes
             await self.dns.start()
         await self.health.start()
@@ -253,6 +256,7 @@ class Agent:
             await self.cluster.synced(self.settings.gossip.ready_sync_timeout)
             if self.zone_file is not None and not self.witness:
                 await self.zone_file.imported.wait()
+            self.dns.release()
         if self.witness:
             logger.info("ready: witness of %s", self.settings.region)
         else:

@@ -89,6 +89,8 @@ class ZoneService:
         self.view: StateView = store if observations is None else ObservedState(store, observations)
         self.config = zone_config(settings)
         self.holder = ZoneHolder()
+        self._withheld = False
+        self._latest: ZoneTables | None = None   # the newest compiled tables, installed or withheld
         self.counters = DnsCounters()
         register(self.counters, registry)
         self.responder = Responder(self.holder, self.counters, ResponderLimits(
@@ -133,7 +135,7 @@ class ZoneService:
         if not self.health_known:
             self.health_known = True
             self._changed_projects = None
-            if self.holder.tables is not None:  # before start(), start() compiles
+            if self._latest is not None:  # before start(), start() compiles
                 self._schedule()
 
     def _on_change(self, entries: list[Entry]) -> None:
@@ -178,10 +180,10 @@ class ZoneService:
                     self._refresh_locator(self.store.regions)
                     report = CompileReport()
                     build = ZoneBuild(self.view, self.config, health_known=self.health_known, locator=self.locator,
-                                      report=report, previous=self.holder.tables, changed_projects=changed)
+                                      report=report, previous=self._latest, changed_projects=changed)
                     while not build.step(COMPILE_SLICE_SECONDS):  # noqa: ASYNC110 - not waiting: slicing
                         await asyncio.sleep(0)  # one loop turn for the queries waiting
-                    previous = _contents(self.holder.tables) if build.compiled >= FREEZE_AFTER_PROJECTS else []
+                    previous = _contents(self._latest) if build.compiled >= FREEZE_AFTER_PROJECTS else []
                     self._install(build.finish(), report)
                     compiled += build.compiled
                     await _release_in_slices(previous)
@@ -201,13 +203,34 @@ class ZoneService:
         self._refresh_locator(self.store.regions)
         report = CompileReport()
         tables = compile_zone(self.view, self.config, health_known=self.health_known, locator=self.locator,
-                              report=report, previous=self.holder.tables, changed_projects=changed)
+                              report=report, previous=self._latest, changed_projects=changed)
         self._install(tables, report)
+
+    def withhold(self) -> None:
+        """Answer SERVFAIL to everything until :meth:`release`: a cluster agent whose store is empty while
+        peers exist must not answer NXDOMAIN for live names (an empty store is not an empty zone)."""
+        self._withheld = True
+
+    def release(self) -> None:
+        if self._withheld:
+            self._withheld = False
+            logger.info("zone: answering from the store now")
+            if self._latest is not None:
+                self.holder.replace(self._latest)
+                self.changed.set()
+
+    @property
+    def withheld(self) -> bool:
+        return self._withheld
 
     def _install(self, tables: ZoneTables, report: CompileReport) -> None:
         for problem in report.problems:
             logger.warning("zone: %s", problem)
         self.counters.zone_errors += len(report.problems)
+        self._latest = tables
+        if self._withheld:
+            self.changed.set()
+            return
         self.holder.replace(tables)
         self.counters.zone_serial = tables.serial
         self.counters.zone_reloads += 1
@@ -249,7 +272,7 @@ class ZoneService:
             self._warm = asyncio.get_running_loop().create_task(_warm(proximity), name="geoip warm-up")
         else:
             self._sites = None
-        if self.holder.tables is not None:  # before start(), start() compiles
+        if self._latest is not None:  # before start(), start() compiles
             self._changed_projects = None
             self._schedule()
             await self.compiled()

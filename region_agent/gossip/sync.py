@@ -214,6 +214,10 @@ class AntiEntropy:
         if message.more and not message.buckets:
             del self._rounds[message.round]   # the peer's own round with us is under way
             self.stats.rounds["deferred"] += 1
+            if not self.synced.is_set():
+                # A restarted agent's catch-up answered "busy" (the peer still holds a round from before
+                # the crash): try again soon, not a whole interval later.
+                asyncio.get_running_loop().call_later(self._rng.uniform(0.2, 0.6), self.sync_now)
             return
         state.answered = True
         mine = self.replica.bucket_digests()

@@ -1,0 +1,101 @@
+"""An agent that can not reach its cluster, or restarts without its snapshot, never answers an empty zone.
+
+- An island (its certificate from another CA: every handshake fails) with an empty store: not ready,
+  SERVFAIL (never NXDOMAIN) for a live name, control-API writes refused, the reason shown.
+- An agent restarted without a snapshot, sampled every 50 ms from the first answer: never NXDOMAIN for
+  a live name, and ready only once it answers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import dns.rcode
+
+from region_agent.cli.keys import init_dir
+from region_agent.gossip.keyring import generate_key
+from tests.conftest import wait_for
+from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, identity_yaml, write_keyring, zone_text
+
+SHOP = f"shop.{APEX}"
+ALL = {"127.0.0.41", "127.0.0.42", "127.0.0.43"}
+
+
+async def _rcode(agent: Agent, name: str) -> int | None:
+    response = await agent.query(name)
+    return None if response is None else response.rcode()
+
+
+async def _put_project(agent: Agent, slug: str) -> int:
+    async with aiohttp.ClientSession() as session, session.put(
+            f"http://{agent.host}:{agent.operator_port}/v1/projects/{slug}", json={"regions": ["sfo1"]},
+            headers={"Authorization": f"Bearer {agent.token}"}) as response:
+        return response.status
+
+
+async def _cluster(tmp_path: Path, *, island_ca: bool) -> Cluster:
+    c = Cluster(tmp_path)
+    await c.start_copies(3)
+    key = generate_key()
+    ring = tmp_path / "keyring.json"
+    write_keyring(ring, [key], key)
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    zone = tmp_path / "zone.yaml"
+    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
+    first = c.add(0, zone_file=zone, keyring=ring, seeds=[], token_file=token)
+    seeds = [f"{first.host}:{first.gossip_port}"]
+    c.add(1, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
+    extra = ""
+    if island_ca:
+        init_dir(tmp_path / "other-ca")
+        extra = identity_yaml(tmp_path, REGIONS[2], "n2", ca="other-ca")
+    c.add(2, zone_file=None, keyring=ring, seeds=seeds, token_file=token, extra=extra)
+    return c
+
+
+async def test_an_island_is_not_ready_withholds_its_empty_zone_and_refuses_writes(tmp_path: Path) -> None:
+    c = await _cluster(tmp_path, island_ca=True)
+    for agent in c.agents:
+        agent.start()
+    island = c.agents[2]
+    try:
+        await wait_for(lambda: c.agents[1].answer(SHOP), timeout=30, interval=0.1, message="the cluster answers")
+        await wait_for(lambda: _rcode(island, SHOP), timeout=30, interval=0.1, message="the island answers DNS")
+        deadline = time.monotonic() + 12   # past ready_sync_timeout (3 s): the island stays an island
+        while time.monotonic() < deadline:
+            assert await _rcode(island, SHOP) == dns.rcode.SERVFAIL   # never NXDOMAIN for a live name
+            assert not await island.ready()
+            await asyncio.sleep(0.25)
+        assert await _put_project(island, "blog") == 503
+        view = await island.region_view()
+        problems = [] if view is None else view.get("agent_problems", [])
+        assert isinstance(problems, list) and any("island" in p for p in problems), problems
+        assert await _put_project(c.agents[1], "blog") in (200, 201)   # the cluster itself takes writes
+    finally:
+        await c.stop()
+
+
+async def test_a_restart_without_a_snapshot_never_answers_nxdomain_for_a_live_name(tmp_path: Path) -> None:
+    c = await _cluster(tmp_path, island_ca=False)
+    for agent in c.agents:
+        agent.start()
+    restarted = c.agents[2]
+    try:
+        await wait_for(lambda: restarted.answer(SHOP), timeout=30, interval=0.1, message="the cluster answers")
+        for _ in range(5):
+            restarted.kill()
+            restarted.start()
+            answered = False
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not answered:
+                rcode = await _rcode(restarted, SHOP)
+                assert rcode != dns.rcode.NXDOMAIN, "an empty store answered NXDOMAIN for a live name"
+                answered = rcode == dns.rcode.NOERROR and bool(await restarted.answer(SHOP))
+                await asyncio.sleep(0.05)
+            assert answered, "the restarted agent never answered"
+    finally:
+        await c.stop()
