@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from region_agent.app.cluster import ClusterParts
+from region_agent.app.consistency import MissingRegions
 from region_agent.app.region_view import RegionViews, ZoneDocument
 from region_agent.app.settings import AgentSettings, mass_removal_allowed, reread_geoip_settings
 from region_agent.app.zone_source import ZoneFileSource
@@ -126,9 +127,10 @@ class Agent:
         self.views = RegionViews(region=settings.region, zone=settings.dns.zone, store=self.store, dns=self.dns,
                                  health=self.health, problems=self.problems_registry,
                                  reachability=self.reachability, ready=self.ready, draining=self._stop)
+        self.missing_regions = MissingRegions(self.store, self.registry)
         self.problems_registry.register(
-            self.tasks, self.checker, None if self.zone_file is None else self.zone_file.watcher, self.reachability,
-            self.dns.geoip, self.state_file, self.dns.tsig_keys, token)
+            self.tasks, self.checker, self.missing_regions, None if self.zone_file is None else self.zone_file.watcher,
+            self.reachability, self.dns.geoip, self.state_file, self.dns.tsig_keys, token)
         self.store.subscribe(self._on_state_change)
 
     def _on_state_change(self, changes: list[Entry]) -> None:
