@@ -41,7 +41,7 @@ from region_agent.cluster.write_gate import WriteGate
 from region_agent.gossip.credentials import IdentityCredentials
 from region_agent.gossip.keyfile import KeyringWatcher, load_keyring
 from region_agent.gossip.membership import Membership, MemberView
-from region_agent.gossip.messages import Role, State
+from region_agent.gossip.messages import Member, Role, State
 from region_agent.gossip.metrics import register
 from region_agent.gossip.node import GossipNode
 from region_agent.gossip.sync import AntiEntropy
@@ -71,6 +71,7 @@ class ClusterParts:
         self.tls: GossipTls | None = None
         self.unsigned = False   # a lab cluster (gossip.allow_unsigned): nothing signed, nothing checked
         self.revocations: Revocations | None = None
+        self._zone_refused: set[str] = set()   # members logged once as of another zone
 
     async def start(self) -> None:
         """Bind the gossip port and wire everything; joining and syncing run in :meth:`runners`."""
@@ -91,7 +92,8 @@ class ClusterParts:
         self.replica = StoreReplica(self.store, self.registry)
         role = Role.WITNESS if self.settings.cluster.role == "witness" else Role.AGENT
         node = self.node = GossipNode(g, region=self.settings.region, node=self.settings.node, keyring=keyring,
-                                      replica=self.replica, tls=self.tls, role=role, credentials=credentials)
+                                      replica=self.replica, tls=self.tls, role=role, credentials=credentials,
+                                      meta={"zone": self.settings.dns.zone}, admit=self._same_zone)
         try:
             await node.start()
         except OSError as exc:
@@ -160,6 +162,17 @@ class ClusterParts:
         except IdentityError:
             return "revoked" if fingerprint(der) in self.book.revoked else "no-identity"
         return None
+
+    def _same_zone(self, member: Member) -> str | None:
+        """An agent configured for another zone is no member of this cluster (it would serve our store)."""
+        theirs = member.metadata.get("zone")
+        if theirs == self.settings.dns.zone:
+            return None
+        if member.name not in self._zone_refused:
+            self._zone_refused.add(member.name)
+            logger.warning("gossip member %s refused: it serves zone %s, this agent %s", member.name, theirs,
+                           self.settings.dns.zone)
+        return "zone-mismatch"
 
     def _current_signer(self) -> Signer:
         assert self.tls is not None and self.tls.signer is not None

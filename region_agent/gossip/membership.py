@@ -149,9 +149,13 @@ _GONE = (State.DEAD, State.LEFT)
 class Membership:
     def __init__(self, config: GossipConfig, local: Member, transport: Transport, scheduler: Scheduler, *,
                  rng: random.Random | None = None, events: Events | None = None,
-                 stats: GossipStats | None = None, credentials: Credentials | None = None) -> None:
+                 stats: GossipStats | None = None, credentials: Credentials | None = None,
+                 admit: Callable[[Member], str | None] | None = None) -> None:
+        """``admit``: a last word on a (verified) member record, None to take it or a rejection reason
+        (another zone's agent)."""
         self.config = config
         self._credentials = credentials
+        self._admit = admit
         self._transport = transport
         self._scheduler = scheduler
         self._rng = rng or random.Random()
@@ -477,6 +481,11 @@ class Membership:
         node = self._nodes.get(name)
         if self._credentials is not None and (node is None or member != node.member or proof != node.proof):
             problem = self._credentials.check(member, proof, cert)
+            if problem is not None:
+                self.stats.rejected[problem] += 1
+                return
+        if self._admit is not None and name != self._name:
+            problem = self._admit(member)
             if problem is not None:
                 self.stats.rejected[problem] += 1
                 return

@@ -37,7 +37,8 @@ LEAVE_GRACE = 1.0   # seconds the leave broadcast gets to go out before the sock
 class GossipNode:
     def __init__(self, settings: GossipSettings, *, region: str, node: str, keyring: Keyring, replica: Replica,
                  role: Role = Role.AGENT, tls: Any = None, rng: random.Random | None = None,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, meta: dict[str, str] | None = None,
+                 admit: Callable[[Member], str | None] | None = None) -> None:
         self.settings = settings
         self.name = f"{region}/{node}"
         self.region = region
@@ -47,6 +48,8 @@ class GossipNode:
         self.replica = replica
         self.tls = tls
         self.credentials = credentials   # signed member records; None: a lab cluster (records taken as given)
+        self.meta = dict(meta or {})     # this agent's member metadata at start (its zone, say)
+        self.admit = admit
         self.stats = GossipStats()
         self.config = settings.timings()
         self.transport: GossipTransport | None = None
@@ -69,9 +72,10 @@ class GossipNode:
         self.transport = transport
         # A restarted agent starts above every incarnation of its previous life (wall seconds), so
         # the others' memory of it is old news and no accusation of its past needs refuting.
-        local = Member(self.name, self.region, self.node, self.role, transport.addr, incarnation=int(time.time()))
+        local = Member(self.name, self.region, self.node, self.role, transport.addr, Member.meta_from(self.meta),
+                       incarnation=int(time.time()))
         self.membership = Membership(self.config, local, transport, AsyncioScheduler(), rng=self._rng,
-                                     events=self, stats=self.stats, credentials=self.credentials)
+                                     events=self, stats=self.stats, credentials=self.credentials, admit=self.admit)
         self.anti_entropy = AntiEntropy(name=self.name, replica=self.replica, send=transport.send_stream,
                                         peers=self.peer_addresses, interval=self.settings.sync_interval,
                                         rng=self._rng)

@@ -99,3 +99,24 @@ async def test_a_restart_without_a_snapshot_never_answers_nxdomain_for_a_live_na
             assert answered, "the restarted agent never answered"
     finally:
         await c.stop()
+
+
+async def test_an_agent_configured_for_another_zone_is_refused_on_both_sides(tmp_path: Path) -> None:
+    c = await _cluster(tmp_path, island_ca=False)
+    odd = c.agents[2]
+    odd.config.write_text(odd.config.read_text().replace(f"zone: {APEX}", "zone: other.example.net", 1))
+    for agent in c.agents:
+        agent.start()
+    try:
+        await wait_for(lambda: c.agents[1].answer(SHOP), timeout=30, interval=0.1, message="the cluster answers")
+        await wait_for(lambda: c.agents[0].metric("region_agent_gossip_rejected_total", 'reason="zone-mismatch"'),
+                       timeout=20, message="the other zone's agent refused")
+        await wait_for(lambda: odd.metric("region_agent_gossip_rejected_total", 'reason="zone-mismatch"'),
+                       timeout=20, message="and it refuses them")
+        for agent in c.agents[:2]:
+            view = await agent.region_view()
+            members = {} if view is None else view.get("members") or {}
+            assert isinstance(members, dict) and REGIONS[2] not in members, members
+        assert "serves zone other.example.net" in c.agents[0].log.read_text()
+    finally:
+        await c.stop()
