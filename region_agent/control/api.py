@@ -23,12 +23,17 @@ Contract (the OpenAPI document ``openapi.json`` beside this module, served at
 - **idempotency**: ``Idempotency-Key`` (or a well-formed ``X-Request-Id``) replays the first
   successful answer (:mod:`region_agent.control.idempotency`), 409 for the same key with another
   request.
+- **versions**: a project's and a region's GET and PUT answers carry an ``ETag`` (the version of
+  its entry); a PUT or DELETE with ``If-Match`` (an ETag, or ``*``: it must exist) is refused with
+  412 when the resource changed meanwhile, so a read-modify-write through any agent is safe.
+  Unconditional concurrent writes are last-writer-wins (on the HLC), as everything in the store.
 - every answer carries ``X-Region`` and ``X-Request-Id`` like the health listener's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -64,7 +69,7 @@ from region_agent.state.model import (
     writer_role,
 )
 from region_agent.state.serial import zone_serial
-from region_agent.state.store import Store
+from region_agent.state.store import Store, Version
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "FALLBACK", "PREFIX", "ROUTES", "ControlAPI", "Route", "load_openapi"]
 
@@ -120,6 +125,11 @@ class _Result:
     status: int
     payload: object = None  # JSON-able; None with 204
     headers: dict[str, str] | None = None
+
+
+def etag(version: Version) -> str:
+    """A strong ETag naming one version of an entry (HLC and writer)."""
+    return f'"{version.hlc:x}-{hashlib.blake2b(version.writer.encode(), digest_size=4).hexdigest()}"'
 
 
 def _dumps(value: object) -> bytes:
@@ -184,6 +194,7 @@ class ControlAPI:
         self._allow_unauthenticated = allow_unauthenticated
         self._ids = RequestIds(region, wall=wall)
         self._openapi_body = _dumps(load_openapi())
+        self._if_match: str | None = None   # of the write being handled (set and cleared around it)
         reads: dict[str, _Read] = {
             "openapi": self._do_openapi, "list_projects": self._do_list_projects, "get_project": self._do_get_project,
             "list_regions": self._do_list_regions, "get_region": self._do_get_region, "zone": self._do_zone,
@@ -321,8 +332,13 @@ class ControlAPI:
             raise ApiError(503, "this agent does not see a majority of regions alive: writes are refused until it "
                            "does (reads still work)", None,
                            {"Retry-After": str(self._retry_after), "X-Degraded": "true"})
-        # From here to the store write nothing awaits: a retry with the same key can not interleave.
-        result = self._writes[route](params, data)
+        # From here to the store write nothing awaits: a retry with the same key can not interleave,
+        # and the If-Match check below sees the version the write replaces.
+        self._if_match = request.headers.get("If-Match")
+        try:
+            result = self._writes[route](params, data)
+        finally:
+            self._if_match = None
         if key is not None and 200 <= result.status < 300:
             body = b"" if result.payload is None else _dumps(result.payload)
             self._idempotency.store(key, print_, result.status, body, tuple((result.headers or {}).items()))
@@ -333,6 +349,24 @@ class ControlAPI:
 
     def _put(self, items: list[tuple[Key, Value | None]]) -> None:
         self.store.put_many(items, writer=self.writer)
+
+    def _etag(self, key: Key) -> dict[str, str]:
+        entry = self.store.entry(key)
+        return {} if entry is None or entry.value is None else {"ETag": etag(entry.version)}
+
+    def _precondition(self, key: Key, field: str) -> None:
+        """Refuse (412) a write whose If-Match names a version the resource no longer has."""
+        wanted = self._if_match
+        if wanted is None:
+            return
+        entry = self.store.entry(key)
+        current = None if entry is None or entry.value is None else etag(entry.version)
+        tags = [tag.strip() for tag in wanted.split(",")]
+        if (tags == ["*"] and current is not None) or (current is not None and current in tags):
+            return
+        now = "it does not exist" if current is None else f"its ETag is now {current}"
+        raise ApiError(412, f"If-Match {wanted[:100]} does not match: {now} (read it again, then write)",
+                       "header.If-Match", {} if current is None else {"ETag": current})
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -348,7 +382,7 @@ class ControlAPI:
         project = self.store.projects.get(slug)
         if project is None:
             raise ApiError(404, f"no project {slug}", "path.slug")
-        return _Result(200, project.to_dict())
+        return _Result(200, project.to_dict(), self._etag(project_key(slug)))
 
     async def _do_list_regions(self, _params: dict[str, str]) -> _Result:
         regions, fenced = self.store.regions, self.store.fenced
@@ -360,7 +394,7 @@ class ControlAPI:
         region = self.store.regions.get(name)
         if region is None:
             raise ApiError(404, f"no region {name}", "path.name")
-        return _Result(200, region.to_dict())
+        return _Result(200, region.to_dict(), self._etag(region_key(name)))
 
     async def _do_zone(self, _params: dict[str, str]) -> _Result:
         if self._zone is not None:
@@ -405,32 +439,36 @@ class ControlAPI:
     def _do_put_project(self, params: dict[str, str], data: dict[str, Any]) -> _Result:
         slug = path_slug(params["slug"])
         project = parse_project(slug, data, self.store.regions.keys())
+        self._precondition(project_key(slug), "path.slug")
         created = slug not in self.store.projects
         self._put([(project_key(slug), project)])
-        location = {"Location": f"/v1/projects/{slug}"} if created else None
-        return _Result(201 if created else 200, project.to_dict(), location)
+        headers = {"Location": f"/v1/projects/{slug}"} if created else {}
+        return _Result(201 if created else 200, project.to_dict(), {**headers, **self._etag(project_key(slug))})
 
     def _do_delete_project(self, params: dict[str, str], data: dict[str, Any]) -> _Result:
         slug = path_slug(params["slug"])
         _no_body(data)
         if slug not in self.store.projects:
             raise ApiError(404, f"no project {slug}", "path.slug")
+        self._precondition(project_key(slug), "path.slug")
         self._put([(project_key(slug), None)])
         return _Result(204)
 
     def _do_put_region(self, params: dict[str, str], data: dict[str, Any]) -> _Result:
         name = path_region(params["name"])
         region = parse_region(name, data)
+        self._precondition(region_key(name), "path.name")
         created = name not in self.store.regions
         self._put([(region_key(name), region)])
-        location = {"Location": f"/v1/regions/{name}"} if created else None
-        return _Result(201 if created else 200, region.to_dict(), location)
+        headers = {"Location": f"/v1/regions/{name}"} if created else {}
+        return _Result(201 if created else 200, region.to_dict(), {**headers, **self._etag(region_key(name))})
 
     def _do_delete_region(self, params: dict[str, str], data: dict[str, Any]) -> _Result:
         name = path_region(params["name"])
         _no_body(data)
         if name not in self.store.regions:
             raise ApiError(404, f"no region {name}", "path.name")
+        self._precondition(region_key(name), "path.name")
         users = sorted(slug for slug, project in self.store.projects.items() if name in project.regions)
         if users:
             shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")

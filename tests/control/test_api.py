@@ -18,7 +18,7 @@ from region_agent.base.bearer import BearerToken
 from region_agent.base.request_ids import is_valid_request_id
 from region_agent.cluster.members import MemberRow, member_rows
 from region_agent.control import PREFIX, ROUTES, ControlAPI, IdempotencyCache
-from region_agent.control.api import Route
+from region_agent.control.api import Route, etag
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
 from region_agent.gossip.membership import MemberView
 from region_agent.gossip.messages import Address, Member, Role, State
@@ -26,7 +26,7 @@ from region_agent.health.listener import HealthListener
 from region_agent.health.listener import Role as ListenerRole
 from region_agent.health.settings import HealthSettings
 from region_agent.state.hlc import HybridClock
-from region_agent.state.model import CopyHealth, copy_key, fence_key, project_key
+from region_agent.state.model import CopyHealth, Project, copy_key, fence_key, project_key
 from region_agent.state.store import Store
 
 TOKEN = "s3cret-token"
@@ -461,3 +461,33 @@ async def test_the_operator_listener_hands_v1_to_the_api(cluster: Cluster, token
     with pytest.raises(ValueError, match="operator"):
         HealthListener(region="sfo1", source=lambda: None, settings=settings, registry=CollectorRegistry(),
                        handlers={PREFIX: api.handle})
+
+
+async def test_read_modify_write_with_if_match_refuses_a_write_made_meanwhile(client: Client, cluster: Cluster) -> None:
+    """Two operators read the project, both change it: the second write names the version it read and gets
+    412 (nothing changed), instead of silently undoing the first."""
+    await _setup_regions(client)
+    status, _, headers = await _call(client, "PUT", "/v1/projects/shop", {"regions": ["sfo1", "ams1"]})
+    assert status == 201 and headers["ETag"].startswith('"')
+    status, body, headers = await _call(client, "GET", "/v1/projects/shop")
+    read = headers["ETag"]
+    first = await _call(client, "PUT", "/v1/projects/shop", {**body, "primary": "ams1"}, headers={"If-Match": read})
+    assert first[0] == 200 and first[2]["ETag"] != read
+    late = await _call(client, "PUT", "/v1/projects/shop", {**body, "primary": "sfo1"}, headers={"If-Match": read})
+    assert late[0] == 412 and late[1]["field"] == "header.If-Match" and late[2]["ETag"] == first[2]["ETag"]
+    assert cluster.store.projects["shop"].primary == "ams1"
+    assert (await _call(client, "DELETE", "/v1/projects/shop", headers={"If-Match": read}))[0] == 412
+    assert (await _call(client, "PUT", "/v1/projects/blog", {"regions": ["sfo1"]}, headers={"If-Match": "*"}))[0] == 412
+    assert "blog" not in cluster.store.projects
+    assert (await _call(client, "DELETE", "/v1/projects/shop", headers={"If-Match": first[2]["ETag"]}))[0] == 204
+
+
+def test_an_etag_is_the_same_at_every_agent_holding_the_version() -> None:
+    """So a read at one agent and a write at another (any agent takes writes) still compare versions."""
+    ms = iter(range(1_800_000_000_000, 1_900_000_000_000, 1000))
+    here = Store(writer="sfo1/n1", clock=HybridClock(lambda: next(ms)))
+    there = Store(writer="ams1/n1", clock=HybridClock(lambda: next(ms)))
+    here.put_many([(project_key("shop"), Project("shop", ("sfo1",)))], writer="control/sfo1.n1")
+    there.merge(here.entries())
+    a, b = here.entry(project_key("shop")), there.entry(project_key("shop"))
+    assert a is not None and b is not None and etag(a.version) == etag(b.version)
