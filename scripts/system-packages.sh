@@ -7,7 +7,7 @@
 # container/prepare-base.sh makes once (it needs the network; the test does not).
 set -euo pipefail
 packages=(bind9-dnsutils pdns-server pdns-backend-bind dnsperf wrk prometheus podman buildah runc debootstrap tini
-          iproute2 nftables)
+          iproute2 nftables faketime)
 missing=()
 command -v dig >/dev/null 2>&1 || missing+=(bind9-dnsutils)
 command -v pdns_server >/dev/null 2>&1 || missing+=(pdns-server)
@@ -16,6 +16,7 @@ command -v dnsperf >/dev/null 2>&1 || missing+=(dnsperf)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)     # network namespaces: tests/e2e/test_partitions.py
 command -v nft >/dev/null 2>&1 || missing+=(nftables)     # links cut there
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)  # a skewed clock: tests/e2e/test_clocks.py
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 for tool in podman buildah runc debootstrap tini; do command -v $tool >/dev/null 2>&1 || missing+=($tool); done
 if (( ${#missing[@]} == 0 )); then

@@ -27,13 +27,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from region_agent.app.replication import StoreReplica
 from region_agent.app.revocations import RevocationError, Revocations
 from region_agent.app.settings import AgentSettings, SettingsError
 from region_agent.base.identity import CertBook, IdentityError, Signer, fingerprint
 from region_agent.cluster.answers import ClusterAnswers
+from region_agent.cluster.clock import ClockVerdict, clock_verdict
 from region_agent.cluster.members import LIVE_STATES, MemberRow, member_rows
 from region_agent.cluster.observer import ClusterObserver
 from region_agent.cluster.quorum import Policy, Quorum
@@ -45,7 +46,8 @@ from region_agent.gossip.messages import Member, Role, State
 from region_agent.gossip.metrics import register
 from region_agent.gossip.node import GossipNode
 from region_agent.gossip.sync import AntiEntropy
-from region_agent.state.model import Certificate, cert_key
+from region_agent.state.hlc import physical_ms
+from region_agent.state.model import Certificate, cert_key, writer_agent
 from region_agent.state.observations import Observations
 from region_agent.state.signatures import EntryVerifier
 from region_agent.state.store import Store
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
 Runner = Callable[[], Coroutine[Any, Any, None]]
 logger = logging.getLogger("region_agent.gossip")
+CLOCK_CHECK_SECONDS = 5.0
 
 
 class ClusterParts:
@@ -113,6 +116,9 @@ class ClusterParts:
         self.answers = ClusterAnswers(store=self.store, observations=self.observations, view=self.observer.view,
                                       policy=Policy(c.two_region_policy), registry=self.registry)
         self.write_gate = WriteGate(self.observer.view, self.membership, asyncio.get_running_loop().time)
+        max_offset = self.settings.cluster.max_clock_offset
+        self.store.clock.max_drift_ms = int((3 * max_offset + 1) * 1000)
+        self._clock_gauges()
         self.observer.listeners.append(self.answers.request)
         self.answers.listeners.append(self._view_changed)
         node.user_handlers.append(self.replica.user_message)
@@ -209,6 +215,7 @@ class ClusterParts:
         runners["cluster observations"] = self.observer.run_publish
         runners["cluster ingress probes"] = self.observer.run_ingress
         runners["cluster verdicts"] = self.answers.run
+        runners["clock recovery"] = self.recover_clock
         return runners
 
     async def stop(self) -> None:
@@ -231,6 +238,49 @@ class ClusterParts:
         await self.anti_entropy.synced.wait()
         logger.info("first sync with a peer completed")
 
+    def clock(self) -> ClockVerdict:
+        """This agent's clock against its peers' (see :mod:`region_agent.cluster.clock`)."""
+        live = [v.member.name for v in self.node.members()
+                if v.state in LIVE_STATES and v.member.name != self.node.name]
+        return clock_verdict(self.membership.clock_offsets, live, now=asyncio.get_running_loop().time(),
+                             wall=time.time(), lead=self.store.clock.lead_ms() / 1000,
+                             max_offset=self.settings.cluster.max_clock_offset)
+
+    def writable(self) -> str | None:
+        """Why this agent must take no write now (a skewed clock), or None."""
+        verdict = self.clock()
+        return None if verdict.ok else verdict.reason
+
+    def _clock_gauges(self) -> None:
+        offset = Gauge("region_agent_clock_offset_seconds", "Median of the peers' wall clocks minus this agent's "
+                       "(NaN: no recent measurement)", registry=self.registry)
+        offset.set_function(lambda: v if (v := self.clock().offset) is not None else float("nan"))
+        outlier = Gauge("region_agent_clock_outlier", "1 while this agent's clock (or its HLC) is off its peers' "
+                        "beyond cluster.max_clock_offset: it refuses writes", registry=self.registry)
+        outlier.set_function(lambda: 0.0 if self.clock().ok else 1.0)
+
+    async def recover_clock(self) -> None:
+        """Once the wall clock is right again, drop what this agent wrote during a forward jump (no peer took
+        it: it was stamped beyond their bound) and forget the HLC's lead, so writes resume."""
+        bound_ms = self.store.clock.max_drift_ms
+        while True:
+            await asyncio.sleep(CLOCK_CHECK_SECONDS)
+            verdict = self.clock()
+            if verdict.lead * 1000 <= bound_ms or (verdict.offset is not None
+                                                  and abs(verdict.offset) > self.settings.cluster.max_clock_offset):
+                continue
+            dropped = self.drop_future_writes(int(time.time() * 1000) + bound_ms)
+            logger.warning("clock: the HLC was %.0f s ahead of the wall clock; %d entries this agent stamped in the "
+                           "future dropped (no peer took them), writes resume", verdict.lead, dropped)
+
+    def drop_future_writes(self, limit_ms: int) -> int:
+        """Drop this agent's own entries stamped after ``limit_ms`` and reset the HLC below them."""
+        mine = writer_agent(self.store.writer)
+        dropped = self.store.drop(lambda e: physical_ms(e.version.hlc) > limit_ms
+                                  and writer_agent(e.version.writer) == mine)
+        self.store.clock.reset(max((e.version.hlc for e in self.store.entries()), default=0))
+        return len(dropped)
+
     def island(self) -> bool:
         """Seeds were there to join, but no exchange with a peer ever completed."""
         return self.node.join_attempts > 0 and not self.anti_entropy.synced.is_set()
@@ -252,8 +302,11 @@ class ClusterParts:
     # --- views ---------------------------------------------------------------------------------
 
     def problems(self) -> tuple[str, ...]:
-        island = ("gossip: no completed sync with any peer although seeds were found (island): writes refused",) \
-            if self.island() else ()
+        island: tuple[str, ...] = (
+            ("gossip: no completed sync with any peer although seeds were found (island): writes refused",)
+            if self.island() else ())
+        verdict = self.clock()
+        island += () if verdict.ok else (f"clock: {verdict.reason}",)
         lab = ("gossip.allow_unsigned: no identity certificates, any keyring holder can forge writes",) \
             if self.unsigned else ()
         return (island + lab + self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())

@@ -150,7 +150,8 @@ class Agent:
 
     def has_majority(self) -> bool:
         """The write gate: alone (no gossip) always open; in a cluster, see :mod:`region_agent.cluster.write_gate`."""
-        return self.cluster is None or (not self.cluster.island() and self.cluster.write_gate.open())
+        return self.cluster is None or (not self.cluster.island() and self.cluster.writable() is None
+                                        and self.cluster.write_gate.open())
 
     def _own_ns_addresses(self) -> tuple[str, ...]:
         region = self.store.regions.get(self.settings.region)
@@ -211,6 +212,8 @@ class Agent:
                                               registry=self.registry, user_agent=f"region-agent/{VERSION}")
         await cluster.start()
         cluster.view_listeners.append(self.views.publish_soon)
+        if self.dns.acme is not None:
+            self.dns.acme.gate = cluster.writable   # an UPDATE from a skewed clock would be refused everywhere
         self.views.cluster = cluster
         self.problems_registry.register(cluster)
         for name, factory in cluster.runners().items():

@@ -32,6 +32,11 @@ class ClusterSettings(BaseModel):
         description="Seconds between two probes of each other region's ingress (one per region and address, never "
         "per project).")
     ingress_timeout: float = Field(default=2.0, gt=0, description="Seconds one ingress probe may take.")
+    max_clock_offset: float = Field(
+        default=1.0, gt=0, le=300,
+        description="Seconds this agent's wall clock may be off the median of its peers (measured on every probe's "
+        "ack) before it is the outlier: degraded, refusing control-API writes and ACME UPDATEs. Entries stamped "
+        "more than 3x this (+1 s) ahead of the receiver's clock are refused. Run NTP everywhere.")
     ingress_path: str = Field(
         default="/livez", pattern=r"^/[\x21-\x7e]*$",
         description="Path asked on each region's ingress addresses (port and Host header: the checks settings), "

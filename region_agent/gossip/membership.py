@@ -150,10 +150,12 @@ class Membership:
     def __init__(self, config: GossipConfig, local: Member, transport: Transport, scheduler: Scheduler, *,
                  rng: random.Random | None = None, events: Events | None = None,
                  stats: GossipStats | None = None, credentials: Credentials | None = None,
-                 admit: Callable[[Member], str | None] | None = None) -> None:
+                 admit: Callable[[Member], str | None] | None = None,
+                 wall: Callable[[], float] | None = None) -> None:
         """``admit``: a last word on a (verified) member record, None to take it or a rejection reason
         (another zone's agent)."""
         self.config = config
+        self._wall = wall   # this agent's wall clock: acks carry it, and offsets to peers are measured
         self._credentials = credentials
         self._admit = admit
         self._transport = transport
@@ -176,6 +178,9 @@ class Membership:
         self._seen_user: OrderedDict[str, None] = OrderedDict()
         self.rtt: dict[str, float] = {}   # member name → seconds of its last acked probe
         self.last_ack: dict[str, float] = {}   # member name → last contact: its ack of our probe, or its ping
+        # member name → (its wall clock minus ours, in seconds, corrected by half the round trip; when measured,
+        # in scheduler time; our wall clock then). Only with ``wall``.
+        self.clock_offsets: dict[str, tuple[float, float, float]] = {}
         self._timers: dict[str, Timer] = {}
         self._failed: OrderedDict[str, tuple[Address, float]] = OrderedDict()  # reconnect candidates
         self._gossip_phase = 0.0
@@ -331,11 +336,11 @@ class Membership:
                     return
                 if message.source in self._nodes:
                     self.last_ack[message.source] = self._scheduler.now()   # it reached us: contact
-                self._send(source, Ack(message.seq))
+                self._send(source, Ack(message.seq, self._wall_ms()))
             case PingReq():
                 self._relay_ping(message, source)
             case Ack():
-                self._on_ack(message.seq)
+                self._on_ack(message.seq, message.wall_ms)
             case Nack():
                 pending = self._pending.get(message.seq)
                 if isinstance(pending, _Probe):
@@ -377,6 +382,7 @@ class Membership:
             del self._nodes[name]
             self.rtt.pop(name, None)
             self.last_ack.pop(name, None)
+            self.clock_offsets.pop(name, None)
         self._probe_list = list(self._nodes)
         self._rng.shuffle(self._probe_list)
         self._probe_index = 0
@@ -427,21 +433,28 @@ class Membership:
             self._send(helper.member.addr,
                        PingReq(probe.seq, probe.target, target.member.addr, self._name, nack=True))
 
-    def _on_ack(self, seq: int) -> None:
+    def _wall_ms(self) -> int:
+        return 0 if self._wall is None else max(0, int(self._wall() * 1000))
+
+    def _on_ack(self, seq: int, wall_ms: int = 0) -> None:
         pending = self._pending.pop(seq, None)
         if pending is None:
             return
         if isinstance(pending, _Relay):
             if pending.timer is not None:
                 pending.timer.cancel()
-            self._send(pending.requester, Ack(pending.seq))
+            self._send(pending.requester, Ack(pending.seq, wall_ms))
             return
         for timer in pending.timers:
             timer.cancel()
         # Round trip of the probe (an indirect ack counts the relay's two extra hops too).
         now = self._scheduler.now()
-        self.rtt[pending.target] = now - pending.started
+        rtt = now - pending.started
+        self.rtt[pending.target] = rtt
         self.last_ack[pending.target] = now
+        if wall_ms and self._wall is not None:
+            ours = self._wall()
+            self.clock_offsets[pending.target] = (wall_ms / 1000 - (ours - rtt / 2), now, ours)
         self._awareness.apply(-1)
         self._schedule("probe", pending.started + pending.interval - self._scheduler.now(), self._probe_tick)
 

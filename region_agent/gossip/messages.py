@@ -10,7 +10,8 @@ Version history (WARNING: only append message types; the numbers are part of the
       compound, push-pull, user.
   — sync (10): anti-entropy of the replicated store over streams (appended; an older agent
       counts it as malformed and the round simply does not happen).
-  2 — an alive carries its member's proof (the signer's certificate fingerprint and a signature
+  2 — an ack carries the acking member's wall clock (clock offsets between agents); an alive
+      carries its member's proof (the signer's certificate fingerprint and a signature
       over the member record, :func:`member_bytes`); a push-pull row carries the proof and the
       member's identity certificate (DER), so a joining agent can check every member it is told of.
 """
@@ -239,9 +240,12 @@ class PingReq:
 @dataclass(frozen=True, slots=True)
 class Ack:
     seq: int
+    wall_ms: int = 0   # the acking member's wall clock when it acked (0: not told), for clock offsets
 
     def __post_init__(self) -> None:
         _check_u32(self.seq, "seq")
+        _check(_typed(self.wall_ms, int) and not _typed(self.wall_ms, bool) and 0 <= self.wall_ms < 1 << 63,
+               "bad ack time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,7 +461,10 @@ def encode(message: Message) -> bytes:
             w.address(target_addr)
             w.str8(source)
             w.u8(int(nack))
-        case Ack(seq) | Nack(seq):
+        case Ack(seq, wall_ms):
+            w.u32(seq)
+            w.buf += struct.pack(">Q", wall_ms)
+        case Nack(seq):
             w.u32(seq)
         case Suspect(node, incarnation, source) | Dead(node, incarnation, source):
             w.str8(node)
@@ -580,7 +587,7 @@ def decode(data: bytes) -> Message:
     elif kind == MessageType.PING_REQ:
         message = PingReq(r.u32(), r.str8(), r.address(), r.str8(), r.flag())
     elif kind == MessageType.ACK:
-        message = Ack(r.u32())
+        message = Ack(r.u32(), struct.unpack(">Q", r.take(8))[0])
     elif kind == MessageType.NACK:
         message = Nack(r.u32())
     elif kind == MessageType.SUSPECT:

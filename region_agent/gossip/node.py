@@ -75,7 +75,8 @@ class GossipNode:
         local = Member(self.name, self.region, self.node, self.role, transport.addr, Member.meta_from(self.meta),
                        incarnation=int(time.time()))
         self.membership = Membership(self.config, local, transport, AsyncioScheduler(), rng=self._rng,
-                                     events=self, stats=self.stats, credentials=self.credentials, admit=self.admit)
+                                     events=self, stats=self.stats, credentials=self.credentials, admit=self.admit,
+                                     wall=time.time)
         self.anti_entropy = AntiEntropy(name=self.name, replica=self.replica, send=transport.send_stream,
                                         peers=self.peer_addresses, interval=self.settings.sync_interval,
                                         rng=self._rng)

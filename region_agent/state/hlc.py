@@ -30,9 +30,10 @@ def physical_ms(timestamp: int) -> int:
 
 
 class HybridClock:
-    def __init__(self, wall_ms: Callable[[], int]) -> None:
+    def __init__(self, wall_ms: Callable[[], int], max_drift_ms: int = MAX_FORWARD_DRIFT_MS) -> None:
         self._wall_ms = wall_ms
         self._last = 0
+        self.max_drift_ms = max_drift_ms   # a cluster sets it from cluster.max_clock_offset
 
     def now(self) -> int:
         """A timestamp greater than every one this clock issued or observed before."""
@@ -42,10 +43,10 @@ class HybridClock:
 
     def check(self, remote: int) -> None:
         """Raise :class:`ClockDriftError` if ``remote`` is too far ahead; changes nothing."""
-        if physical_ms(remote) - self._wall_ms() > MAX_FORWARD_DRIFT_MS:
+        if physical_ms(remote) - self._wall_ms() > self.max_drift_ms:
             raise ClockDriftError(
                 f"remote timestamp {physical_ms(remote)} ms is more than "
-                f"{MAX_FORWARD_DRIFT_MS} ms ahead of local wall clock"
+                f"{self.max_drift_ms} ms ahead of local wall clock"
             )
 
     def observe(self, remote: int) -> None:
@@ -64,3 +65,12 @@ class HybridClock:
     @property
     def last(self) -> int:
         return self._last
+
+    def lead_ms(self) -> int:
+        """How far this clock's last timestamp is ahead of the wall clock (0 when it is not)."""
+        return max(0, physical_ms(self._last) - self._wall_ms())
+
+    def reset(self, floor: int) -> None:
+        """Forget a lead (after the entries stamped with it were dropped): the next timestamp is above
+        ``floor`` (the newest entry kept) and otherwise wall time again."""
+        self._last = floor

@@ -73,11 +73,13 @@ class Agent:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     token: str | None = None   # the operator listener's bearer token, when it has one
+    env: dict[str, str] = field(default_factory=dict)   # added to the process environment (e.g. faketime)
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen([sys.executable, "-m", "region_agent", "run", "--config", str(self.config)],
-                                            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env_without_drain())
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                            env={**env_without_drain(), **self.env})
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

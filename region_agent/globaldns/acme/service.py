@@ -71,6 +71,8 @@ class AcmeUpdates:
         self._monotonic = monotonic
         self._tokens = float(config.burst)
         self._refilled = monotonic()
+        # Why this agent must take no write now (a skewed clock: it would be refused everywhere), or None.
+        self.gate: Callable[[], str | None] = lambda: None
         self.metrics.challenges.set_function(lambda: sum(len(v) for v in store.challenges.values()))
 
     def handle(self, data: bytes, source: str | None) -> bytes | None:
@@ -92,6 +94,12 @@ class AcmeUpdates:
             logger.warning("UPDATE from %s refused: TSIG %s (key %s)", source, verified.verdict.value,
                            verified.message.keyname)
             return respond(verified, dns.rcode.NOTAUTH)
+        refusal = self.gate()
+        if refusal is not None:
+            self.metrics.updates.labels("not-writable").inc()
+            logger.warning("UPDATE from %s key %s refused (SERVFAIL, try another name server): %s", source,
+                           verified.message.keyname, refusal)
+            return respond(verified, dns.rcode.SERVFAIL)
         plan = plan_update(verified.message, self.apex, self._records(),
                            zone=self._facts(), limits=self.config.limits)
         if plan.rcode == dns.rcode.NOERROR and plan.changes:
