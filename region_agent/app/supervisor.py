@@ -280,6 +280,8 @@ class Agent:
         """Drop deletes older than the store's TTL, so the store does not grow forever."""
         while True:
             await asyncio.sleep(TOMBSTONE_SWEEP_SECONDS)
+            if self.has_majority():
+                self.control.sweep_idempotency()   # a control write: only where writes are taken
             dropped = self.store.expire_tombstones()
             if dropped:
                 logger.info("state: %d tombstone(s) expired", dropped)

@@ -47,7 +47,7 @@ from aiohttp import web
 from region_agent.base.bearer import BearerToken
 from region_agent.base.request_ids import RequestIds, is_valid_request_id
 from region_agent.cluster.members import MemberRow
-from region_agent.control.idempotency import IdempotencyCache, KeyConflictError, fingerprint
+from region_agent.control.idempotency import IdempotencyCache, KeyConflictError, ReplicatedIdempotency, fingerprint
 from region_agent.control.validation import (
     ApiError,
     parse_body,
@@ -165,7 +165,7 @@ class ControlAPI:
         digests: Callable[[], Mapping[str, str | None]],
         token: BearerToken | None,
         zone: Callable[[], Mapping[str, object]] | None = None,
-        idempotency: IdempotencyCache | None = None,
+        idempotency: IdempotencyCache | ReplicatedIdempotency | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
         wall: Callable[[], float] = time.time,
@@ -188,7 +188,8 @@ class ControlAPI:
         self._digests = digests
         self._token = token
         self._zone = zone
-        self._idempotency = idempotency if idempotency is not None else IdempotencyCache()
+        # Kept in the replicated store: a retry replays at any agent, and after a restart.
+        self._idempotency = idempotency if idempotency is not None else ReplicatedIdempotency(store, self.writer)
         self._max_body = max_body_bytes
         self._retry_after = retry_after_seconds
         self._allow_unauthenticated = allow_unauthenticated
@@ -346,6 +347,10 @@ class ControlAPI:
 
     async def _read(self, route: Route, params: dict[str, str]) -> _Result:
         return await self._reads[route](params)
+
+    def sweep_idempotency(self) -> int:
+        """Delete replicated idempotency records past their time (the supervisor calls it periodically)."""
+        return self._idempotency.sweep() if isinstance(self._idempotency, ReplicatedIdempotency) else 0
 
     def _put(self, items: list[tuple[Key, Value | None]]) -> None:
         self.store.put_many(items, writer=self.writer)

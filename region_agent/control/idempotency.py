@@ -8,9 +8,14 @@ a conflict. Failures are not kept: they changed nothing, so running the retry ag
 harmless and may succeed (a 503 in a minority must not stick).
 
 Bounds: ``max_entries`` (least recently used first out) and ``ttl`` seconds from the first
-answer. The cache is per agent: a retry sent to another agent runs again, which is safe
-because every write is a full replacement (PUT, DELETE, fence) that converges to the same
-state; only the status of the retry may differ (200 instead of 201).
+answer.
+
+:class:`ReplicatedIdempotency` keeps the answers in the replicated store instead (``idem`` entries,
+control-owned, signed like any write, an hour by default), so a retry replays at any agent and after
+a restart: a retried DELETE answers its 204 again instead of 404. What it can not do without
+consensus: the same key with two different requests at two agents at the same instant runs both
+(the later record wins); the control plane should retry through one agent. Answers larger than
+:data:`~region_agent.state.model.MAX_IDEMPOTENT_BODY` stay in this agent's own cache.
 """
 
 from __future__ import annotations
@@ -21,10 +26,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["IdempotencyCache", "KeyConflictError", "Stored", "fingerprint"]
+from region_agent.state.model import Idempotency, Kind, ModelError, idempotency_key
+from region_agent.state.store import Store
+
+__all__ = ["IdempotencyCache", "KeyConflictError", "ReplicatedIdempotency", "Stored", "fingerprint"]
 
 DEFAULT_MAX_ENTRIES = 10_000
 DEFAULT_TTL_SECONDS = 86_400.0
+REPLICATED_TTL_SECONDS = 3_600.0
+MAX_REPLICATED = 10_000   # records kept in the store at once; past it, answers stay local
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +96,45 @@ class IdempotencyCache:
             if now - oldest.stored_at <= self.ttl:
                 break
             self._entries.popitem(last=False)
+
+
+class ReplicatedIdempotency:
+    """The same contract as :class:`IdempotencyCache`, kept in the replicated store (see the module docstring)."""
+
+    def __init__(self, store: Store, writer: str, *, ttl: float = REPLICATED_TTL_SECONDS,
+                 wall: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self.writer = writer
+        self.ttl = ttl
+        self._wall = wall
+        self.local = IdempotencyCache(ttl=ttl)   # answers too large for the store
+
+    def lookup(self, key: str, print_: str) -> Stored | None:
+        record = self._store.get(idempotency_key(key))
+        if not isinstance(record, Idempotency) or record.expires_at < self._wall():
+            return self.local.lookup(key, print_)
+        if record.fingerprint != print_:
+            raise KeyConflictError(key)
+        return Stored(record.fingerprint, record.status, record.body.encode(), record.headers,
+                      record.expires_at - self.ttl)
+
+    def store_answer(self, key: str, print_: str, status: int, body: bytes,
+                     headers: tuple[tuple[str, str], ...]) -> None:
+        try:
+            record = Idempotency(print_, status, body.decode(), headers, int(self._wall() + self.ttl))
+        except (ModelError, UnicodeDecodeError):
+            record = None
+        if record is None or len(self._store.idempotency) >= MAX_REPLICATED:
+            self.local.store(key, print_, status, body, headers)
+            return
+        self._store.put_many([(idempotency_key(key), record)], writer=self.writer)
+
+    store = store_answer   # the name IdempotencyCache uses
+
+    def sweep(self) -> int:
+        """Delete the records past their time (any agent may; they are control-owned)."""
+        now = self._wall()
+        expired = [(Kind.IDEM.value, h) for h, r in self._store.idempotency.items() if r.expires_at < now]
+        if expired:
+            self._store.put_many([(key, None) for key in expired], writer=self.writer)
+        return len(expired)

@@ -32,7 +32,7 @@ from region_agent.globaldns.settings import DnsSettings, RrlSettings
 from region_agent.globaldns.tables import Locator, ZoneHolder, ZoneTables
 from region_agent.state.model import ACME, Kind, Region, role_writer
 from region_agent.state.observations import Observations, ObservedState
-from region_agent.state.store import Entry, StateView, Store
+from region_agent.state.store import OUTSIDE_THE_ZONE, Entry, StateView, Store
 
 logger = logging.getLogger("region_agent.dns")
 # A compilation yields to the loop this often: a full recompile of 10,000 projects (a region
@@ -139,7 +139,7 @@ class ZoneService:
                 self._schedule()
 
     def _on_change(self, entries: list[Entry]) -> None:
-        entries = [e for e in entries if e.key[0] != Kind.CERT.value]   # identities: nothing the zone answers
+        entries = [e for e in entries if e.key[0] not in OUTSIDE_THE_ZONE]   # identities, idempotency records
         if not entries:
             return
         if self._changed_projects is not None:

@@ -11,6 +11,7 @@ gossip). Each key has exactly one owner, the only kind of writer allowed to chan
 | ``("acme", name, rdata hex)`` | :class:`Challenge` | ``acme`` (RFC 2136 updates) |
 | ``("fence", region)`` | :class:`Fence` | ``control`` (a region taken out of every answer) |
 | ``("cert", region, fingerprint)`` | :class:`Certificate` | ``region:<region>`` (an agent's identity certificate) |
+| ``("idem", key hash)`` | :class:`Idempotency` | ``control`` (a control-API write's answer, for its retries) |
 
 Writer ids say which owner roles they hold and which agent made the write: ``<region>/<node>``
 for an agent writing its region's keys, ``control/<region>.<node>`` for an agent taking a
@@ -29,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import hashlib
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,7 @@ class Kind(enum.StrEnum):
     ACME = "acme"
     FENCE = "fence"
     CERT = "cert"
+    IDEM = "idem"
 
 
 Key = tuple[str, ...]
@@ -298,16 +301,46 @@ class Certificate:
             raise ModelError(f"certificate: not base64: {exc}") from None
 
 
-Value = Region | Project | CopyHealth | Challenge | Fence | Certificate
+@dataclass(frozen=True, slots=True)
+class Idempotency:
+    """The answer to a control-API write, kept so a retry of it at any agent (or after a restart) replays
+    it: the request's fingerprint, the status, the body (JSON text) and the headers worth replaying."""
+
+    fingerprint: str
+    status: int
+    body: str
+    headers: tuple[tuple[str, str], ...]
+    expires_at: int   # wall seconds
+
+    def __post_init__(self) -> None:
+        if len(self.fingerprint) != 64 or not 200 <= self.status < 300 or len(self.body) > MAX_IDEMPOTENT_BODY:
+            raise ModelError("idempotency record: bad fingerprint, status or body")
+        if len(self.headers) > 8 or any(len(k) > 64 or len(v) > 512 for k, v in self.headers):
+            raise ModelError("idempotency record: too many or too long headers")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "status": self.status, "body": self.body,
+                "headers": [list(h) for h in self.headers], "expires_at": self.expires_at}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Idempotency:
+        return cls(str(data["fingerprint"]), int(data["status"]), str(data["body"]),
+                   tuple((str(k), str(v)) for k, v in data.get("headers") or ()), int(data["expires_at"]))
+
+
+MAX_IDEMPOTENT_BODY = 2048   # bytes of an answer kept for its retries (a project's or a region's)
+
+Value = Region | Project | CopyHealth | Challenge | Fence | Certificate | Idempotency
 
 _CODECS: dict[Kind, type[Region] | type[Project] | type[CopyHealth] | type[Challenge] | type[Fence]
-              | type[Certificate]] = {
+              | type[Certificate] | type[Idempotency]] = {
     Kind.REGION: Region,
     Kind.PROJECT: Project,
     Kind.COPY: CopyHealth,
     Kind.ACME: Challenge,
     Kind.FENCE: Fence,
     Kind.CERT: Certificate,
+    Kind.IDEM: Idempotency,
 }
 
 
@@ -335,9 +368,15 @@ def cert_key(region: str, cert: Certificate) -> Key:
     return (Kind.CERT.value, region, cert.fingerprint)
 
 
+def idempotency_key(key: str) -> Key:
+    """The store key of a control-API idempotency key (hashed: the key is the client's text)."""
+    return (Kind.IDEM.value, hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32])
+
+
 _SHAPES: dict[str, tuple[Kind, int]] = {Kind.REGION.value: (Kind.REGION, 2), Kind.PROJECT.value: (Kind.PROJECT, 2),
                                          Kind.COPY.value: (Kind.COPY, 3), Kind.ACME.value: (Kind.ACME, 3),
-                                         Kind.FENCE.value: (Kind.FENCE, 2), Kind.CERT.value: (Kind.CERT, 3)}
+                                         Kind.FENCE.value: (Kind.FENCE, 2), Kind.CERT.value: (Kind.CERT, 3),
+                                         Kind.IDEM.value: (Kind.IDEM, 2)}
 
 
 def check_key(key: Key) -> Kind:

@@ -67,6 +67,7 @@ from region_agent.state.model import (
     Challenge,
     CopyHealth,
     Fence,
+    Idempotency,
     Key,
     Kind,
     ModelError,
@@ -85,6 +86,8 @@ _MOD = 1 << 128
 TOMBSTONE_TTL_SECONDS = 86_400.0
 CONTROL_TOMBSTONE_TTL_SECONDS = 30 * 86_400.0
 _CONTROL_KINDS = frozenset((Kind.REGION.value, Kind.PROJECT.value, Kind.FENCE.value))
+# Kinds the zone does not answer from: they change neither the compiled zone nor its serial.
+OUTSIDE_THE_ZONE = frozenset((Kind.CERT.value, Kind.IDEM.value))
 TOMBSTONE_SWEEP_SECONDS = 600.0
 
 
@@ -324,6 +327,7 @@ class Store:
         self._fenced: dict[str, Fence] = {}  # region → its fence
         self._certs: dict[str, Certificate] = {}  # fingerprint → identity certificate
         self._cert_keys: dict[str, Key] = {}  # fingerprint → the key of its entry
+        self._idempotency: dict[str, Idempotency] = {}  # key hash → a control write's answer
         self._newest_hlc = 0
 
     # --- reads --------------------------------------------------------------------------
@@ -382,6 +386,10 @@ class Store:
     def certificates(self) -> Mapping[str, Certificate]:
         """Identity certificates by fingerprint (every writer's, for checking what it signed)."""
         return self._certs
+
+    @property
+    def idempotency(self) -> Mapping[str, Idempotency]:
+        return self._idempotency
 
     def certificate_entry(self, fingerprint: str) -> Entry | None:
         """The entry holding the certificate with ``fingerprint``, or None."""
@@ -623,7 +631,7 @@ class Store:
         elif current is not None and current.value is None:
             del self._tombstones[entry.key]
         self._index(entry)
-        if key[0] != Kind.CERT.value:   # the serial follows what the zone answers, not the identities
+        if key[0] not in OUTSIDE_THE_ZONE:   # the serial follows what the zone answers
             self._newest_hlc = max(self._newest_hlc, entry.version.hlc)
 
     def _index(self, entry: Entry) -> None:
@@ -639,6 +647,8 @@ class Store:
                 del self._challenges[key[1]]
         elif key[0] == Kind.FENCE.value:
             _set_or_pop(self._fenced, key[1], value)
+        elif key[0] == Kind.IDEM.value:
+            _set_or_pop(self._idempotency, key[1], value)
         elif key[0] == Kind.CERT.value:
             _set_or_pop(self._certs, key[2], value)
             if value is None:

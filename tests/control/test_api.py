@@ -491,3 +491,35 @@ def test_an_etag_is_the_same_at_every_agent_holding_the_version() -> None:
     there.merge(here.entries())
     a, b = here.entry(project_key("shop")), there.entry(project_key("shop"))
     assert a is not None and b is not None and etag(a.version) == etag(b.version)
+
+
+async def test_a_retry_replays_at_another_agent_and_after_a_restart(aiohttp_client: MakeClient,
+                                                                   token_file: Path) -> None:
+    """The idempotency record travels with the store: a retry sent to another agent (or to this one after a
+    restart) replays the first answer; a retried DELETE answers its 204 again, not 404."""
+    ms = iter(range(1_800_000_000_000, 1_900_000_000_000, 1000))
+    here = Cluster(Store(writer="sfo1/n1", clock=HybridClock(lambda: next(ms))))
+    there = Cluster(Store(writer="ams1/n1", clock=HybridClock(lambda: next(ms))))
+    app_here, app_there = web.Application(), web.Application()
+    here.api(BearerToken(token_file)).install(app_here)
+    there.api(BearerToken(token_file)).install(app_there)
+    a, b = await aiohttp_client(app_here), await aiohttp_client(app_there)
+    await _setup_regions(a)
+    key = {"Idempotency-Key": "create-shop-1"}
+    first = await _call(a, "PUT", "/v1/projects/shop", {"regions": ["sfo1", "ams1"]}, headers=key)
+    assert first[0] == 201
+    there.store.merge(here.store.entries())                      # gossip carried the write and its record
+    retry = await _call(b, "PUT", "/v1/projects/shop", {"regions": ["sfo1", "ams1"]}, headers=key)
+    assert retry[0] == 201 and retry[2].get("Idempotent-Replayed") == "true" and retry[1] == first[1]
+    conflict = await _call(b, "PUT", "/v1/projects/shop", {"regions": ["sfo1"]}, headers=key)
+    assert conflict[0] == 409
+    delete = {"Idempotency-Key": "delete-shop-1"}
+    assert (await _call(b, "DELETE", "/v1/projects/shop", headers=delete))[0] == 204
+    here.store.merge(there.store.entries())
+    again = await _call(a, "DELETE", "/v1/projects/shop", headers=delete)
+    assert again[0] == 204 and again[2].get("Idempotent-Replayed") == "true"
+    # A restart: a new API over the same store (what the snapshot brings back) replays too.
+    restarted = web.Application()
+    here.api(BearerToken(token_file)).install(restarted)
+    c = await aiohttp_client(restarted)
+    assert (await _call(c, "DELETE", "/v1/projects/shop", headers=delete))[2].get("Idempotent-Replayed") == "true"
