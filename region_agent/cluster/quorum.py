@@ -173,7 +173,7 @@ def has_contact_majority(view: ClusterView, heard_at: Mapping[str, float], now: 
 
     The write gate adds this to :func:`has_majority`: SWIM takes a suspicion timeout per member to
     declare the others dead, and an agent that has just been cut off would accept writes until then;
-    with this it refuses them within about one probe round.
+    with this it refuses them within two probe intervals.
     """
     heard = {view.local_region}
     for m in view.members:

@@ -2,9 +2,10 @@
 
 An agent alone (no gossip) always does. In a cluster it takes them only while it sees a strict
 majority of the known regions alive (:func:`~region_agent.cluster.quorum.has_majority`) *and*
-has heard from a majority within two probe rounds (an ack of our probe, or their ping:
+has heard from a majority within two probe intervals (an ack of our probe or of the contact ping
+the membership sends one member of every other region each interval, or their ping:
 :func:`~region_agent.cluster.quorum.has_contact_majority`). SWIM takes a suspicion timeout per
-member to declare the others dead; the contact rule closes the gate within about one probe round
+member to declare the others dead; the contact rule closes the gate within two probe intervals
 of being cut off, so a minority does not acknowledge writes that a majority never sees.
 
 The window is not stretched by local health: an agent that can not reach the others is exactly
@@ -27,9 +28,10 @@ class WriteGate:
         self._now = now
 
     def window(self) -> float:
-        """Two probe rounds: every live member is probed once per round."""
+        """Two contact pings: the membership pings one member of every other region each probe interval,
+        so the window does not grow with the number of members (it did: two SWIM rounds of N members)."""
         c = self._membership.config
-        return 2 * (c.probe_interval * max(1, self._membership.live_count()) + c.probe_timeout)
+        return 2 * (c.probe_interval + c.probe_timeout)
 
     def open(self) -> bool:
         view = self._view()

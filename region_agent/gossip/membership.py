@@ -26,6 +26,7 @@ member past the incarnation it can refute.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -132,6 +133,17 @@ class _Probe:
 
 
 @dataclass(slots=True)
+class _Contact:
+    """A ping to one member of another region, every probe interval: contact with every region stays
+    fresh however many members there are (the write gate's bound), and failure is SWIM's business."""
+
+    target: str
+    seq: int
+    started: float
+    timer: Timer | None = None
+
+
+@dataclass(slots=True)
 class _Relay:
     """A ping we send on behalf of another member's ping-req."""
 
@@ -173,7 +185,7 @@ class Membership:
         self._probe_list: list[str] = [local.name]
         self._probe_index = 0
         self._seq = 0
-        self._pending: dict[int, _Probe | _Relay] = {}
+        self._pending: dict[int, _Probe | _Relay | _Contact] = {}
         self._suspicions: dict[str, Suspicion] = {}
         self._seen_user: OrderedDict[str, None] = OrderedDict()
         self.rtt: dict[str, float] = {}   # member name → seconds of its last acked probe
@@ -229,6 +241,7 @@ class Membership:
         self.running = True
         c = self.config
         self._schedule("probe", self._rng.uniform(0, c.probe_interval), self._probe_tick)
+        self._schedule("contact", self._rng.uniform(0, c.probe_interval), self._contact_tick)
         self._gossip_phase = self._rng.uniform(0, c.gossip_interval)
         if self._queue:
             self._arm_gossip()
@@ -363,6 +376,26 @@ class Membership:
             return
         self._probe_node(target)
 
+    def _contact_tick(self) -> None:
+        """Ping one live member of every other region (see :class:`_Contact`)."""
+        by_region: dict[str, list[_Node]] = {}
+        own = self.local.region
+        for node in self._nodes.values():
+            if node.state is State.ALIVE and node.member.region != own:
+                by_region.setdefault(node.member.region, []).append(node)
+        now = self._scheduler.now()
+        for nodes in by_region.values():
+            target = self._rng.choice(nodes)
+            seq = self._next_seq()
+            contact = _Contact(target.member.name, seq, now)
+            self._pending[seq] = contact
+            self._send(target.member.addr, Ping(seq, target.member.name, self._name))
+            contact.timer = self._scheduler.call_later(self.config.probe_timeout, functools.partial(self._forget, seq))
+        self._schedule("contact", self.config.probe_interval, self._contact_tick)
+
+    def _forget(self, seq: int) -> None:
+        self._pending.pop(seq, None)
+
     def _next_probe_target(self) -> _Node | None:
         for _ in range(2):  # at most one reshuffle
             while self._probe_index < len(self._probe_list):
@@ -433,6 +466,16 @@ class Membership:
             self._send(helper.member.addr,
                        PingReq(probe.seq, probe.target, target.member.addr, self._name, nack=True))
 
+    def _contacted(self, name: str, started: float, wall_ms: int) -> None:
+        """An ack of our ping to ``name``: its round trip, the contact, and its clock."""
+        now = self._scheduler.now()
+        rtt = now - started
+        self.rtt[name] = rtt
+        self.last_ack[name] = now
+        if wall_ms and self._wall is not None:
+            ours = self._wall()
+            self.clock_offsets[name] = (wall_ms / 1000 - (ours - rtt / 2), now, ours)
+
     def _wall_ms(self) -> int:
         return 0 if self._wall is None else max(0, int(self._wall() * 1000))
 
@@ -445,16 +488,15 @@ class Membership:
                 pending.timer.cancel()
             self._send(pending.requester, Ack(pending.seq, wall_ms))
             return
+        if isinstance(pending, _Contact):
+            if pending.timer is not None:
+                pending.timer.cancel()
+            self._contacted(pending.target, pending.started, wall_ms)
+            return
         for timer in pending.timers:
             timer.cancel()
         # Round trip of the probe (an indirect ack counts the relay's two extra hops too).
-        now = self._scheduler.now()
-        rtt = now - pending.started
-        self.rtt[pending.target] = rtt
-        self.last_ack[pending.target] = now
-        if wall_ms and self._wall is not None:
-            ours = self._wall()
-            self.clock_offsets[pending.target] = (wall_ms / 1000 - (ours - rtt / 2), now, ours)
+        self._contacted(pending.target, pending.started, wall_ms)
         self._awareness.apply(-1)
         self._schedule("probe", pending.started + pending.interval - self._scheduler.now(), self._probe_tick)
 

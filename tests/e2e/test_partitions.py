@@ -74,10 +74,11 @@ QUIET_WINDOW = 3 * SUSPECT_AND_OBSERVE
 # The documented bound for the majority to drop an isolated region: one failed probe (interval and
 # timeout), the longest suspicion, one observation interval for the peer's vote, gossip spread
 # (a few gossip intervals) and one verdict tick. Measured typically well under it (printed).
-# The write gate: no ack or ping from a majority within two probe rounds (three members: 2.8 s); the
-# bound doubles it and adds the write before it and the polls on a loaded machine (5.6 s seen under CI),
-# still well under the ~10 s the membership view needs to see the minority.
-GATE_BOUND = 2 * 2 * (3 * _G.probe_interval + _G.probe_timeout) + 3.0
+# The write gate: no ack or ping from a majority within two probe intervals (a contact ping goes to one
+# member of every other region each interval, so the window does not grow with members: 2 x (1 + 0.5) s
+# on the lan preset); the bound adds one probe interval for the last contact before the cut and 1 s for
+# the polls of a loaded machine. (It was 2 x 2 x three members' rounds + 3 s = 8.6 s.)
+GATE_BOUND = 2 * (_G.probe_interval + _G.probe_timeout) + _G.probe_interval + 1.0
 DROP_BOUND = (_G.probe_interval + _G.probe_timeout + MAX_SUSPICION + OBSERVE_INTERVAL + 5 * _G.gossip_interval
               + VERDICT_TICK)                                                               # 10.3 s
 # The bound for the isolated agent itself to see its minority (and start refusing writes): it
