@@ -23,6 +23,7 @@ import dns.message
 
 from region_agent.cli.keys import init_dir, issue_to_dir
 from region_agent.demo.fake_copy import HealthEndpoint
+from region_agent.gossip.keyring import generate_key
 from tests.fakes.dns_client import answers, try_ask
 from tests.fakes.ports import free_port
 
@@ -196,3 +197,26 @@ def env_without_drain() -> dict[str, str]:
 
 async def gather_answers(agents: list[Agent], name: str) -> list[set[str] | None]:
     return list(await asyncio.gather(*(a.answer(name) for a in agents)))
+
+
+async def three_regions(tmp: Path, *, token: str | None = None, extra: tuple[str, str, str] = ("", "", ""),
+                        ) -> Cluster:
+    """Copies for sfo1, ams1 and fra1, a keyring, a zone file of ``shop`` in all three, and three agent
+    configs (not started): agent 0 imports the zone file, the others join through it. ``token``: the
+    operator token they all take; ``extra``: more settings per agent (see :meth:`Cluster.add`)."""
+    c = Cluster(tmp)
+    await c.start_copies(3)
+    key = generate_key()
+    ring = tmp / "keyring.json"
+    write_keyring(ring, [key], key)
+    token_file = None
+    if token is not None:
+        token_file = tmp / "token"
+        token_file.write_text(token + "\n")
+    zone = tmp / "zone.yaml"
+    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
+    first = c.add(0, zone_file=zone, keyring=ring, seeds=[], token_file=token_file, extra=extra[0])
+    seeds = [f"{first.host}:{first.gossip_port}"]
+    for index in (1, 2):
+        c.add(index, zone_file=None, keyring=ring, seeds=seeds, token_file=token_file, extra=extra[index])
+    return c

@@ -10,9 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
-from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, write_keyring, zone_text
+from tests.e2e.cluster import APEX, Agent, three_regions
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 pytestmark = pytest.mark.external
@@ -33,19 +32,8 @@ async def _problems(agent: Agent) -> list[str]:
 
 @pytest.mark.skipif(not FAKETIME.exists() or shutil.which("faketime") is None, reason="needs libfaketime")
 async def test_an_agent_an_hour_fast_refuses_writes_and_the_others_keep_theirs(tmp_path: Path) -> None:
-    c = Cluster(tmp_path)
-    await c.start_copies(3)
-    key = generate_key()
-    ring = tmp_path / "keyring.json"
-    write_keyring(ring, [key], key)
-    token = tmp_path / "token"
-    token.write_text("clock-token\n")
-    zone = tmp_path / "zone.yaml"
-    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
-    first = c.add(0, zone_file=zone, keyring=ring, seeds=[], token_file=token)
-    seeds = [f"{first.host}:{first.gossip_port}"]
-    c.add(1, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
-    fast = c.add(2, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
+    c = await three_regions(tmp_path, token="clock-token")
+    first, fast = c.agents[0], c.agents[2]
     fast.env = {"LD_PRELOAD": str(FAKETIME), "FAKETIME": "+3600s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
                 "FAKETIME_NO_CACHE": "1"}
     for agent in c.agents:

@@ -12,9 +12,8 @@ from cryptography.hazmat.primitives import serialization
 
 from region_agent.base.identity import full_fingerprint
 from region_agent.cli.keys import issue_to_dir
-from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
-from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, gather_answers, write_keyring, zone_text
+from tests.e2e.cluster import APEX, REGIONS, Agent, gather_answers, three_regions
 
 SHOP = f"shop.{APEX}"
 ALL = {"127.0.0.41", "127.0.0.42", "127.0.0.43"}
@@ -31,17 +30,9 @@ async def _answers(agents: list[Agent], expected: set[str]) -> bool:
 
 
 async def test_an_insider_with_a_certificate_that_names_no_agent_never_joins(tmp_path: Path) -> None:
-    c = Cluster(tmp_path)
-    await c.start_copies(3)
-    key = generate_key()
-    ring = tmp_path / "keyring.json"
-    write_keyring(ring, [key], key)
-    zone = tmp_path / "zone.yaml"
-    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
-    first = c.add(0, zone_file=zone, keyring=ring, seeds=[])
+    c = await three_regions(tmp_path)
+    first, ring = c.agents[0], tmp_path / "keyring.json"
     seeds = [f"{first.host}:{first.gossip_port}"]
-    c.add(1, zone_file=None, keyring=ring, seeds=seeds)
-    c.add(2, zone_file=None, keyring=ring, seeds=seeds)
     # The insider: the keyring, and a certificate under the cluster CA without an identity (as a stolen
     # server certificate would be), running as a lab agent that signs nothing.
     old = issue_to_dir(tmp_path / "ca", "intruder", tmp_path / "intruder", ips=["127.0.0.4"], dns=[])
@@ -65,20 +56,10 @@ async def test_an_insider_with_a_certificate_that_names_no_agent_never_joins(tmp
 
 
 async def test_a_revoked_region_certificate_stops_that_regions_writes(tmp_path: Path) -> None:
-    c = Cluster(tmp_path)
-    await c.start_copies(3)
-    key = generate_key()
-    ring = tmp_path / "keyring.json"
-    write_keyring(ring, [key], key)
     revoked = tmp_path / "revoked.txt"
     revoked.write_text("# none yet\n")
-    zone = tmp_path / "zone.yaml"
-    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
     extra = f"  revoked_file: {revoked}\n"
-    first = c.add(0, zone_file=zone, keyring=ring, seeds=[], extra=extra)
-    seeds = [f"{first.host}:{first.gossip_port}"]
-    c.add(1, zone_file=None, keyring=ring, seeds=seeds, extra=extra)
-    c.add(2, zone_file=None, keyring=ring, seeds=seeds, extra=extra)
+    c = await three_regions(tmp_path, extra=(extra, extra, extra))
     for agent in c.agents:
         agent.start()
     try:
@@ -102,17 +83,8 @@ async def test_a_revoked_region_certificate_stops_that_regions_writes(tmp_path: 
 async def test_a_certificate_rotated_under_the_same_ca_keeps_every_member(tmp_path: Path) -> None:
     """sfo1's certificate files are replaced (as a renewed Secret would be): the agent files the new one,
     signs with it, and no member is lost at any sample meanwhile (GossipTls polls every 30 s)."""
-    c = Cluster(tmp_path)
-    await c.start_copies(3)
-    key = generate_key()
-    ring = tmp_path / "keyring.json"
-    write_keyring(ring, [key], key)
-    zone = tmp_path / "zone.yaml"
-    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
-    first = c.add(0, zone_file=zone, keyring=ring, seeds=[])
-    seeds = [f"{first.host}:{first.gossip_port}"]
-    c.add(1, zone_file=None, keyring=ring, seeds=seeds)
-    c.add(2, zone_file=None, keyring=ring, seeds=seeds)
+    c = await three_regions(tmp_path)
+    first = c.agents[0]
     for agent in c.agents:
         agent.start()
     try:

@@ -16,9 +16,8 @@ import aiohttp
 import dns.rcode
 
 from region_agent.cli.keys import init_dir
-from region_agent.gossip.keyring import generate_key
 from tests.conftest import wait_for
-from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, identity_yaml, write_keyring, zone_text
+from tests.e2e.cluster import APEX, REGIONS, Agent, Cluster, identity_yaml, three_regions
 
 SHOP = f"shop.{APEX}"
 RESTARTS = 20
@@ -38,24 +37,11 @@ async def _put_project(agent: Agent, slug: str) -> int:
 
 
 async def _cluster(tmp_path: Path, *, island_ca: bool) -> Cluster:
-    c = Cluster(tmp_path)
-    await c.start_copies(3)
-    key = generate_key()
-    ring = tmp_path / "keyring.json"
-    write_keyring(ring, [key], key)
-    token = tmp_path / "token"
-    token.write_text("s3cret-token\n")
-    zone = tmp_path / "zone.yaml"
-    zone.write_text(zone_text(REGIONS[:3], {"shop": REGIONS[:3]}))
-    first = c.add(0, zone_file=zone, keyring=ring, seeds=[], token_file=token)
-    seeds = [f"{first.host}:{first.gossip_port}"]
-    c.add(1, zone_file=None, keyring=ring, seeds=seeds, token_file=token)
     extra = ""
-    if island_ca:
+    if island_ca:   # fra1's certificate from another CA: every handshake with the others fails
         init_dir(tmp_path / "other-ca")
         extra = identity_yaml(tmp_path, REGIONS[2], "n2", ca="other-ca")
-    c.add(2, zone_file=None, keyring=ring, seeds=seeds, token_file=token, extra=extra)
-    return c
+    return await three_regions(tmp_path, token="s3cret-token", extra=("", "", extra))
 
 
 async def test_an_island_is_not_ready_withholds_its_empty_zone_and_refuses_writes(tmp_path: Path) -> None:
