@@ -60,6 +60,8 @@ from region_agent.control.validation import (
 from region_agent.state.model import (
     CONTROL,
     Key,
+    Project,
+    Region,
     Value,
     fence_key,
     project_key,
@@ -130,6 +132,16 @@ class _Result:
 def etag(version: Version) -> str:
     """A strong ETag naming one version of an entry (HLC and writer)."""
     return f'"{version.hlc:x}-{hashlib.blake2b(version.writer.encode(), digest_size=4).hexdigest()}"'
+
+
+def _project_document(project: Project, regions: Mapping[str, Region]) -> dict[str, Any]:
+    """A project as read: its fields, and ``problems`` when a region it names is not configured (the zone
+    leaves that region out of its answers; a silent NODATA if it was the only one)."""
+    document = project.to_dict()
+    missing = [r for r in project.regions if r not in regions]
+    if missing:
+        document["problems"] = [f"region {r} is not configured: left out of the answers" for r in missing]
+    return document
 
 
 def _dumps(value: object) -> bytes:
@@ -379,15 +391,15 @@ class ControlAPI:
         return _Result(200, self._openapi_body)
 
     async def _do_list_projects(self, _params: dict[str, str]) -> _Result:
-        projects = self.store.projects
-        return _Result(200, {"projects": [projects[slug].to_dict() for slug in sorted(projects)]})
+        projects, regions = self.store.projects, self.store.regions
+        return _Result(200, {"projects": [_project_document(projects[slug], regions) for slug in sorted(projects)]})
 
     async def _do_get_project(self, params: dict[str, str]) -> _Result:
         slug = path_slug(params["slug"])
         project = self.store.projects.get(slug)
         if project is None:
             raise ApiError(404, f"no project {slug}", "path.slug")
-        return _Result(200, project.to_dict(), self._etag(project_key(slug)))
+        return _Result(200, _project_document(project, self.store.regions), self._etag(project_key(slug)))
 
     async def _do_list_regions(self, _params: dict[str, str]) -> _Result:
         regions, fenced = self.store.regions, self.store.fenced

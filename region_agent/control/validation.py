@@ -113,8 +113,10 @@ def _enum(data: Mapping[str, Any], key: str, kind: type[Mode] | type[AllDownPoli
 
 
 def parse_project(slug: str, data: Mapping[str, Any], known_regions: Collection[str]) -> Project:
-    """A project from a PUT body; every region it names must be a known region."""
-    _only(data, ("slug", "regions", "primary", "mode", "all_down", "partition"))
+    """A project from a PUT body; every region it names must be a known region. ``problems`` is what a
+    GET adds (read-only, like a Kubernetes ``status``): accepted and ignored, so a body read can be
+    written back."""
+    _only(data, ("slug", "regions", "primary", "mode", "all_down", "partition", "problems"))
     _name_matches(data, "slug", slug)
     if "regions" not in data:
         raise ApiError(422, "regions is required", "$.regions")

@@ -26,7 +26,7 @@ from region_agent.health.listener import HealthListener
 from region_agent.health.listener import Role as ListenerRole
 from region_agent.health.settings import HealthSettings
 from region_agent.state.hlc import HybridClock
-from region_agent.state.model import CopyHealth, Project, copy_key, fence_key, project_key
+from region_agent.state.model import CopyHealth, Project, copy_key, fence_key, project_key, region_key
 from region_agent.state.store import Store
 
 TOKEN = "s3cret-token"
@@ -272,6 +272,23 @@ async def test_a_created_project_is_answered_by_the_zone_compiler(client: Client
     status, body, _ = await _call(client, "PUT", "/v1/projects/shop", {"regions": ["sfo1"], "partition": "failover"})
     assert status == 201 and body["partition"] == "failover"
     assert cluster.store.projects["shop"].partition == "failover"
+
+
+async def test_a_project_naming_a_region_gone_elsewhere_shows_the_problem(client: Client, cluster: Cluster) -> None:
+    await _setup_regions(client)
+    assert (await _call(client, "PUT", "/v1/projects/shop", {"regions": ["sfo1", "ams1"]}))[0] == 201
+    assert "problems" not in (await _call(client, "GET", "/v1/projects/shop"))[1]
+    # Another agent deleted the region while this one still had the project (the 409 rule is per agent).
+    cluster.store.put_many([(region_key("ams1"), None)], writer="control/fra1.n2")
+    status, body, _ = await _call(client, "GET", "/v1/projects/shop")
+    assert status == 200 and body["problems"] == ["region ams1 is not configured: left out of the answers"]
+    listed = (await _call(client, "GET", "/v1/projects"))[1]["projects"]
+    assert listed[0]["problems"] == body["problems"]
+    # What GET gives, PUT takes: problems is read-only and ignored; the unknown region is still refused.
+    assert (await _call(client, "PUT", "/v1/projects/shop", body))[0] == 422
+    fixed = {**body, "regions": ["sfo1"]}
+    status, body, _ = await _call(client, "PUT", "/v1/projects/shop", fixed)
+    assert status == 200 and "problems" not in body and cluster.store.projects["shop"].regions == ("sfo1",)
 
 
 async def test_regions_round_trip_and_delete(client: Client, cluster: Cluster) -> None:
