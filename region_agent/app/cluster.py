@@ -37,7 +37,7 @@ from region_agent.cluster.answers import ClusterAnswers
 from region_agent.cluster.clock import ClockVerdict, clock_verdict
 from region_agent.cluster.members import LIVE_STATES, MemberRow, member_rows
 from region_agent.cluster.observer import ClusterObserver
-from region_agent.cluster.quorum import Policy, Quorum
+from region_agent.cluster.quorum import REPORTS_META, REPORTS_PENDING, Policy, Quorum, has_majority
 from region_agent.cluster.write_gate import WriteGate
 from region_agent.gossip.credentials import IdentityCredentials
 from region_agent.gossip.keyfile import KeyringWatcher, load_keyring
@@ -47,8 +47,9 @@ from region_agent.gossip.metrics import register
 from region_agent.gossip.node import GossipNode
 from region_agent.gossip.sync import AntiEntropy
 from region_agent.state.hlc import physical_ms
-from region_agent.state.model import Certificate, cert_key, writer_agent
+from region_agent.state.model import Certificate, Kind, cert_key, writer_agent
 from region_agent.state.observations import Observations
+from region_agent.state.persist import HORIZON_MARGIN_SECONDS
 from region_agent.state.signatures import EntryVerifier
 from region_agent.state.store import Store
 
@@ -96,7 +97,7 @@ class ClusterParts:
         role = Role.WITNESS if self.settings.cluster.role == "witness" else Role.AGENT
         node = self.node = GossipNode(g, region=self.settings.region, node=self.settings.node, keyring=keyring,
                                       replica=self.replica, tls=self.tls, role=role, credentials=credentials,
-                                      meta={"zone": self.settings.dns.zone}, admit=self._same_zone)
+                                      meta=self._initial_meta(role), admit=self._same_zone)
         try:
             await node.start()
         except OSError as exc:
@@ -116,6 +117,11 @@ class ClusterParts:
         self.answers = ClusterAnswers(store=self.store, observations=self.observations, view=self.observer.view,
                                       policy=Policy(c.two_region_policy), registry=self.registry)
         self.write_gate = WriteGate(self.observer.view, self.membership, asyncio.get_running_loop().time)
+        # Away longer than the tombstone horizon (no fresh sync while a majority was in sight): rejoin pull-only.
+        self.anti_entropy.absent_limit = self.store.control_tombstone_ttl_ms / 1000 - HORIZON_MARGIN_SECONDS
+        self.anti_entropy.counts = lambda: has_majority(self.observer.view())
+        self.anti_entropy.on_pull_only = self._on_pull_only
+        self.pull_listeners: list[Callable[[bool], None]] = []
         max_offset = self.settings.cluster.max_clock_offset
         self.store.clock.max_drift_ms = int((3 * max_offset + 1) * 1000)
         self._clock_gauges()
@@ -168,6 +174,22 @@ class ClusterParts:
         except IdentityError:
             return "revoked" if fingerprint(der) in self.book.revoked else "no-identity"
         return None
+
+    def _initial_meta(self, role: Role) -> dict[str, str]:
+        meta = {"zone": self.settings.dns.zone}
+        if role is Role.AGENT:
+            # Until it has reported its copies (ready), what the store holds of its region is from before
+            # it started: the others keep the region out of their answers meanwhile.
+            meta[REPORTS_META] = REPORTS_PENDING
+        return meta
+
+    def reported(self) -> None:
+        """This agent's copies are reported (it is ready): its region may be answered from the store, once
+        the others hold these reports (the newest one's HLC goes with the announcement)."""
+        mine = self.store.writer
+        newest = max((e.version.hlc for e in self.store.entries()
+                      if e.key[0] == Kind.COPY.value and e.version.writer == mine), default=0)
+        self.announce(REPORTS_META, str(newest))
 
     def _same_zone(self, member: Member) -> str | None:
         """An agent configured for another zone is no member of this cluster (it would serve our store)."""
@@ -247,9 +269,20 @@ class ClusterParts:
                              max_offset=self.settings.cluster.max_clock_offset)
 
     def writable(self) -> str | None:
-        """Why this agent must take no write now (a skewed clock), or None."""
+        """Why this agent must take no write now (a skewed clock, a pull-only rejoin), or None."""
+        if self.rejoining():
+            return "rejoining pull-only after an absence beyond the tombstone horizon"
         verdict = self.clock()
         return None if verdict.ok else verdict.reason
+
+    def rejoining(self) -> bool:
+        """Pull-only (see :mod:`region_agent.gossip.sync`): not ready, no answers, no writes until pulled."""
+        return self.anti_entropy.pull_only
+
+    def _on_pull_only(self, pulling: bool) -> None:
+        for listener in self.pull_listeners:
+            listener(pulling)
+        self._view_changed()
 
     def _clock_gauges(self) -> None:
         offset = Gauge("region_agent_clock_offset_seconds", "Median of the peers' wall clocks minus this agent's "
@@ -307,6 +340,8 @@ class ClusterParts:
             if self.island() else ())
         verdict = self.clock()
         island += () if verdict.ok else (f"clock: {verdict.reason}",)
+        island += ("gossip: rejoining pull-only (no fresh sync for longer than the tombstone horizon): not ready, "
+                   "DNS SERVFAIL, writes refused until the peers' state is pulled",) if self.rejoining() else ()
         lab = ("gossip.allow_unsigned: no identity certificates, any keyring holder can forge writes",) \
             if self.unsigned else ()
         return (island + lab + self.keyring_watcher.problems() + (() if self.tls is None else self.tls.problems())

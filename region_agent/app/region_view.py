@@ -64,11 +64,13 @@ class RegionViews:
             "degraded": self.problems.current(), "draining": self.draining.is_set(),
             "members": None if cluster is None else cluster.members_by_region(),
             "cluster": None if cluster is None else cluster.answers.describe()}
+        rejoining = cluster is not None and cluster.rejoining()   # not ready while it pulls the peers' state
         if self.kube is None:
-            ready = self.ready.is_set()
+            ready = self.ready.is_set() and not rejoining
             return RegionView(synced=ready, synced_at=now if ready else None, **common)
         snap = snap or self.kube.snapshot()
-        return RegionView(synced=snap.synced, synced_at=snap.synced_at, last_event_at=snap.last_event_at,
+        return RegionView(synced=snap.synced and not rejoining, synced_at=snap.synced_at,
+                          last_event_at=snap.last_event_at,
                           watch_errors=snap.watch_errors, copies=self._expected_copies(snap.copies),
                           bindings=snap.bindings, **common)
 

@@ -221,14 +221,14 @@ class StoreReplica:
     def bucket_digests(self) -> list[bytes]:
         return [d.to_bytes(16, "big") for d in self.store.bucket_digests()]
 
-    async def export(self, buckets: Sequence[int], budget: int) -> tuple[list[bytes], bool]:
+    async def export(self, buckets: Sequence[int], budget: int) -> tuple[list[bytes], int]:
         if not buckets:
-            return [], True
+            return [], 0
         by_bucket: dict[int, list[Entry]] = {}
         for entry in self.store.entries_in_buckets(buckets):   # immutable entries: safe to encode in a thread
             by_bucket.setdefault(bucket_of(entry.key), []).append(entry)
-        encoded, complete = await asyncio.to_thread(_encode_buckets, [by_bucket.get(b, []) for b in buckets], budget)
-        return self._certificates_for(encoded) + encoded, complete
+        encoded, covered = await asyncio.to_thread(_encode_buckets, [by_bucket.get(b, []) for b in buckets], budget)
+        return self._certificates_for(encoded) + encoded, covered
 
     def _certificates_for(self, encoded: list[bytes]) -> list[bytes]:
         """The certificate entries of every signer in an export, so the receiver can check each batch on its
@@ -243,11 +243,30 @@ class StoreReplica:
         return out
 
     async def merge(self, entries: Sequence[bytes], origin: str) -> int:
+        decoded = await self._decode(entries, origin)
+        return await self._merge_decoded(decoded, origin)
+
+    async def replace(self, entries: Sequence[bytes], origin: str, buckets: Sequence[int]) -> int:
+        decoded = await self._decode(entries, origin)
+        await self._merge_decoded(decoded, origin)
+        if not buckets:
+            return 0
+        # Certificates are never dropped: they leave only by revocation (and ride along out of their buckets).
+        held = {e.key for e in decoded}
+        lacked = {e.key for e in self.store.entries_in_buckets(buckets)
+                  if e.key not in held and e.key[0] != Kind.CERT.value}
+        gone = self.store.drop(lambda e: e.key in lacked) if lacked else []
+        return len(gone)
+
+    async def _decode(self, entries: Sequence[bytes], origin: str) -> list[Entry]:
         decoded, errors = await asyncio.to_thread(_decode_all, entries)
         self.metrics.received.labels("sync").inc(len(entries))
         if errors:
             self.metrics.undecodable.inc(len(errors))
             logger.warning("%d store entries from %s did not decode; first: %s", len(errors), origin, errors[0][:200])
+        return decoded
+
+    async def _merge_decoded(self, decoded: list[Entry], origin: str) -> int:
         # Signatures off the loop; certificates of the batch are learned there first.
         good, rejected = await asyncio.to_thread(functools.partial(self.store.verify, threads=VERIFY_THREADS),
                                                  decoded)
@@ -270,15 +289,15 @@ def _signer_of(raw: bytes) -> str:
     return raw[at + 10:end].decode("ascii", "replace") if end > 0 else ""
 
 
-def _encode_buckets(buckets: list[list[Entry]], budget: int) -> tuple[list[bytes], bool]:
-    """Whole buckets until the budget is spent (at least one, so a huge bucket still moves)."""
+def _encode_buckets(buckets: list[list[Entry]], budget: int) -> tuple[list[bytes], int]:
+    """Whole buckets until the budget is spent (at least one, so a huge bucket still moves); and how many."""
     out: list[bytes] = []
     used = 0
     for index, entries in enumerate(buckets):
         encoded = [encode_entry(e) for e in entries]
         size = sum(len(e) for e in encoded)
         if index and used + size > budget:
-            return out, False
+            return out, index
         out.extend(encoded)
         used += size
-    return out, True
+    return out, len(buckets)

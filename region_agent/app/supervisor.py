@@ -153,6 +153,16 @@ class Agent:
         return self.cluster is None or (not self.cluster.island() and self.cluster.writable() is None
                                         and self.cluster.write_gate.open())
 
+    def _on_pull_only(self, pulling: bool) -> None:
+        """An absence beyond the tombstone horizon: what this agent holds may hold deletes undone, so it
+        answers SERVFAIL (never a stale answer) until it has pulled the peers' state."""
+        if self.witness:
+            return
+        if pulling:
+            self.dns.withhold()
+        else:
+            self.dns.release()
+
     def _own_ns_addresses(self) -> tuple[str, ...]:
         region = self.store.regions.get(self.settings.region)
         return () if region is None else region.ns_ipv4 + region.ns_ipv6
@@ -215,6 +225,7 @@ class Agent:
         if self.dns.acme is not None:
             self.dns.acme.gate = cluster.writable   # an UPDATE from a skewed clock would be refused everywhere
         self.views.cluster = cluster
+        cluster.pull_listeners.append(self._on_pull_only)
         self.problems_registry.register(cluster)
         for name, factory in cluster.runners().items():
             self._spawn(factory, name)
@@ -261,6 +272,11 @@ class Agent:
             await self.cluster.synced(self.settings.gossip.ready_sync_timeout)
             if self.zone_file is not None and not self.witness:
                 await self.zone_file.imported.wait()
+            if not self.witness:
+                # What the sync brought (projects of this region) is checked before this agent says it
+                # has reported its copies: the others answer its region from those reports.
+                await asyncio.sleep(0)   # the re-plan the sync asked for
+                await self.checker.settled.wait()
             self.dns.release()
         if self.witness:
             logger.info("ready: witness of %s", self.settings.region)
@@ -269,6 +285,8 @@ class Agent:
             await self.dns.compiled()  # ready means the answers follow health
             logger.info("ready: zone serial %s", self.dns.tables.serial if self.dns.tables else None)
         self.ready.set()
+        if self.cluster is not None and not self.witness:
+            self.cluster.reported()
         self.views.publish()
         await asyncio.Event().wait()
 

@@ -150,6 +150,9 @@ class Checker:
         self.only_region = only_region
         self.metrics = CheckMetrics(registry)
         self.first_round = asyncio.Event()
+        # Set while every target has a known state; cleared when new targets arrive (a store that synced
+        # after start brings its projects: their first results are what a returning agent reports).
+        self.settled = asyncio.Event()
         self.states: dict[CheckTarget, TargetState] = {}
         self._plan: dict[CheckTarget, set[CopyId]] = {}
         self._region_of: dict[CheckTarget, str] = {}
@@ -319,8 +322,11 @@ class Checker:
             self.observations.put((slug, region_name), health)
 
     def _check_first_round(self) -> None:
-        if not self.first_round.is_set() and all(
-            s.health is not TargetHealth.UNKNOWN for s in self.states.values()
-        ):
+        known = all(s.health is not TargetHealth.UNKNOWN for s in self.states.values())
+        if known:
+            self.settled.set()
+        else:
+            self.settled.clear()
+        if not self.first_round.is_set() and known:
             self.first_round.set()
             logger.info("first health-check round complete: %d targets", len(self.states))

@@ -32,7 +32,8 @@ from region_agent.cluster.quorum import Aspect, ClusterView, Observation, Quorum
 from region_agent.cluster.settings import ClusterSettings
 from region_agent.gossip.membership import MemberView
 from region_agent.gossip.messages import MAX_USER_PAYLOAD, State, User
-from region_agent.state.store import Store
+from region_agent.state.model import Kind
+from region_agent.state.store import Entry, Store
 
 logger = logging.getLogger("region_agent.cluster")
 
@@ -152,6 +153,7 @@ class ClusterObserver:
         self.region = region
         self.signer = signer
         self.book = book
+        self.reports: dict[str, int] = {}   # writer id → HLC of its newest copy report this agent holds
         self.settings = settings
         self.quorum = quorum
         self.store = store
@@ -160,6 +162,10 @@ class ClusterObserver:
         self.ingress: dict[str, bool] = {}      # region → this agent's last ingress verdict
         self.listeners: list[Callable[[], None]] = []
         self._members = members
+        for entry in store.entries():
+            if entry.key[0] == Kind.COPY.value and entry.value is not None:
+                self.reports[entry.version.writer] = max(self.reports.get(entry.version.writer, 0), entry.version.hlc)
+        store.subscribe(self._on_store_change)
         self._broadcast = broadcast
         self._member_name = member_name
         self._check_host = check_host
@@ -177,7 +183,16 @@ class ClusterObserver:
         regions = self.store.regions
         return self.quorum.view(regions=[n for n, r in regions.items() if not r.witness], members=self._members(),
                                 fenced=self.store.fenced.keys(), observations=self.observations.values(),
-                                witnesses=[n for n, r in regions.items() if r.witness])
+                                witnesses=[n for n, r in regions.items() if r.witness], reports=self.reports)
+
+    def _on_store_change(self, changes: list[Entry]) -> None:
+        for entry in changes:
+            if entry.key[0] == Kind.COPY.value and entry.value is not None:
+                writer = entry.version.writer
+                if entry.version.hlc > self.reports.get(writer, 0):
+                    self.reports[writer] = entry.version.hlc
+        if changes and any(e.key[0] == Kind.COPY.value for e in changes):
+            self._notify()   # a returning region's fresh reports may bring it back
 
     # --- incoming -----------------------------------------------------------------------------
 

@@ -49,10 +49,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from region_agent.gossip.membership import MemberView
-from region_agent.gossip.messages import State
+from region_agent.gossip.messages import Role, State
 
 __all__ = [
     "Aspect", "ClusterView", "Observation", "Policy", "Quorum", "Status", "Verdict", "alive_regions",
@@ -120,6 +120,7 @@ class ClusterView:
     fenced: frozenset[str] = frozenset()
     observations: tuple[Observation, ...] = ()
     witnesses: frozenset[str] = frozenset()  # registered witness regions: they vote, answers hold none of them
+    reports: Mapping[str, int] = field(default_factory=dict)  # writer id → HLC of its newest copy report held
 
 
 class Quorum:
@@ -133,9 +134,10 @@ class Quorum:
         self._clock = clock
 
     def view(self, *, regions: Iterable[str], members: Iterable[MemberView], fenced: Iterable[str] = (),
-             observations: Iterable[Observation] = (), witnesses: Iterable[str] = ()) -> ClusterView:
+             observations: Iterable[Observation] = (), witnesses: Iterable[str] = (),
+             reports: Mapping[str, int] | None = None) -> ClusterView:
         return ClusterView(self.local_region, frozenset(regions), tuple(members), self._clock(), self.max_age,
-                           frozenset(fenced), tuple(observations), frozenset(witnesses))
+                           frozenset(fenced), tuple(observations), frozenset(witnesses), reports or {})
 
 
 # --- membership ---------------------------------------------------------------------------
@@ -232,10 +234,38 @@ def _decide(view: ClusterView, region: str, down: int, vantage: int, what: str) 
                    vantage)
 
 
+# Member metadata: "pending" from an agent's start until it has reported its copies; then the HLC of
+# the newest copy report it had written by then ("0": nothing changed, the store's reports are right).
+REPORTS_META = "copies"
+REPORTS_PENDING = "pending"
+
+
+def _reported(view: ClusterView, member: MemberView) -> bool:
+    said = member.member.metadata.get(REPORTS_META)
+    if said is None:
+        return True   # an agent that does not say (a lab, an older one): taken as before
+    if not said.isdigit():
+        return False
+    # Its reports count once this agent holds them: an announcement can overtake the entries it names.
+    return int(said) == 0 or view.reports.get(member.member.name, 0) >= int(said)
+
+
+def returning(view: ClusterView, region: str) -> bool:
+    """No live agent of ``region`` has reported its copies since it started (or its reports have not
+    arrived here yet): what the store holds of the region is from before (a copy deleted or broken
+    meanwhile would still be answered)."""
+    agents = [m for m in view.members if m.member.region == region and m.state in _LIVE_STATES
+              and m.member.role is Role.AGENT]
+    return bool(agents) and not any(_reported(view, m) for m in agents)
+
+
 def liveness_verdict(view: ClusterView, region: str) -> Verdict:
     alive = alive_regions(view)
     vantage = alive - {region}
     if region in alive:
+        if region != view.local_region and returning(view, region):
+            return Verdict(region, Status.OUT, "returning: no copy report since its agents started", 0,
+                           len(vantage))
         return Verdict(region, Status.UP, "alive", 0, len(vantage))
     latest = latest_observations(view, Aspect.LIVENESS)
     down = 1 + sum(1 for v in vantage - {view.local_region}

@@ -208,8 +208,11 @@ class ZoneService:
 
     def withhold(self) -> None:
         """Answer SERVFAIL to everything until :meth:`release`: a cluster agent whose store is empty while
-        peers exist must not answer NXDOMAIN for live names (an empty store is not an empty zone)."""
+        peers exist must not answer NXDOMAIN for live names (an empty store is not an empty zone), and one
+        rejoining after a long absence must not answer from what it held (see ``gossip.sync``)."""
         self._withheld = True
+        self.holder.clear()
+        self.changed.set()
 
     def release(self) -> None:
         if self._withheld:

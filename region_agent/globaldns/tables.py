@@ -125,6 +125,10 @@ class ZoneHolder:
     def replace(self, tables: ZoneTables) -> None:
         self.tables = tables
 
+    def clear(self) -> None:
+        """No tables: every query is answered SERVFAIL (a withheld zone)."""
+        self.tables = None
+
 
 def negative_reply_factory(soa_for_offset: Callable[[int], Section]) -> Callable[[int, int], Reply]:
     """NXDOMAIN/NODATA replies with the SOA in authority, memoised per apex offset."""

@@ -90,11 +90,15 @@ class GossipCollector(Collector):
             entries.add_metric(["sent"], sync.stats.entries_sent)
             entries.add_metric(["received"], sync.stats.entries_received)
             entries.add_metric(["applied"], sync.stats.entries_applied)
+            entries.add_metric(["dropped"], sync.stats.entries_dropped)
             mine = node.replica.digest().hex()
             in_sync.add_metric([], sum(1 for d in sync.peer_digests.values() if d.digest == mine))
         yield rounds
         yield entries
         yield in_sync
+        yield GaugeMetricFamily("region_agent_gossip_pull_only", "1 while this agent rejoins pull-only after an "
+                                "absence beyond the tombstone horizon (not ready, no answers, no writes)",
+                                value=1 if sync is not None and sync.pull_only else 0)
         yield GaugeMetricFamily("region_agent_gossip_join_attempts", "Joins of the seeds tried while alone",
                                 value=node.join_attempts)
 

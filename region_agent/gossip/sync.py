@@ -14,7 +14,8 @@ DIGESTS    peer → initiator      the peer's digest; when it differs, also its 
 ENTRIES    initiator → peer      the initiator's entries of every differing bucket, with its digests
                                  of those buckets
 FINAL      peer → initiator      after merging: the peer's entries of the buckets that still differ
-                                 from the initiator's (the initiator lacks or has older entries)
+                                 from the initiator's (the initiator lacks or has older entries), and
+                                 which buckets went whole (a pull-only initiator replaces those)
 =========  ====================  =====================================================================
 
 One round at a time runs between two agents: a periodic round waits for its own one in flight;
@@ -25,6 +26,16 @@ exchanges only the buckets that differ, each way at most once. A message carries
 ``budget`` bytes of entries (whole buckets); when a side had more, ``more`` is set and the
 initiator starts the next round with the same peer at once, so a rejoining agent catches up on
 a large store in a few bounded steps.
+
+**Pull-only rejoin.** An agent that has completed no round counted as fresh (one while it saw a
+majority of regions, where every delete is made) for longer than ``absent_limit`` may hold entries
+whose deletes every peer has since forgotten (tombstones expire). It turns *pull-only*: its offers
+say so (``more`` on an OFFER), it sends no entries, and each bucket a peer returns whole replaces its
+own (what the peer lacks is dropped, not re-exported); meanwhile it answers a peer's ordinary offer
+"busy", so nothing it holds leaves it. It is fresh again after one complete pull (Cassandra's
+``gc_grace_seconds`` rule: a node away longer is rebuilt from the others). Two pull-only agents
+answer each other (every agent away that long, no one holds better state): the first to pull takes
+the other's.
 
 This module knows nothing of projects: entries are opaque bytes, digests opaque 16-byte strings,
 and the store sits behind :class:`Replica` (``region_agent.app.replication``), which validates and merges.
@@ -62,12 +73,18 @@ class Replica(Protocol):
         """One 16-byte digest per bucket; every replica has the same number of buckets."""
         ...
 
-    async def export(self, buckets: Sequence[int], budget: int) -> tuple[list[bytes], bool]:
-        """The encoded entries of ``buckets``, whole buckets up to ``budget`` bytes; and whether all fit."""
+    async def export(self, buckets: Sequence[int], budget: int) -> tuple[list[bytes], int]:
+        """The encoded entries of ``buckets``, whole buckets in that order up to ``budget`` bytes (at least
+        one); and how many of the buckets are in."""
         ...
 
     async def merge(self, entries: Sequence[bytes], origin: str) -> int:
         """Validate and apply entries from a peer; returns how many changed the store."""
+        ...
+
+    async def replace(self, entries: Sequence[bytes], origin: str, buckets: Sequence[int]) -> int:
+        """Pull-only: merge ``entries`` (a peer's export holding ``buckets`` whole), then drop this replica's
+        entries of those buckets that the peer does not hold; returns how many were dropped."""
         ...
 
 
@@ -79,6 +96,7 @@ class SyncStats:
     entries_sent: int = 0
     entries_received: int = 0
     entries_applied: int = 0
+    entries_dropped: int = 0              # pull-only: entries the peers lacked
     last_repair: float | None = None      # wall time the last round changed this store
 
 
@@ -88,6 +106,7 @@ class _Round:
     started: float
     continuation: int
     answered: bool = False   # the peer's DIGESTS arrived: the round is under way
+    pulled: tuple[int, ...] = ()   # pull-only: the buckets asked for, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +136,13 @@ class AntiEntropy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._fanout_now = 0
+        # Pull-only rejoin (module docstring): off until the owner sets a limit.
+        self.absent_limit: float | None = None
+        self.counts: Callable[[], bool] = lambda: True   # whether a round completed now is fresh
+        self.on_pull_only: Callable[[bool], None] = lambda _pulling: None
+        self.pull_only = False
+        self.last_fresh = time.monotonic()
+        self._dropped_in_pull = 0
 
     # --- driving ------------------------------------------------------------------------------
 
@@ -129,6 +155,7 @@ class AntiEntropy:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 self._wake.clear()
                 self._expire_rounds()
+                self._check_absence()
                 fanout, self._fanout_now = max(1, self._fanout_now), 0
                 busy = {state.peer for state in self._rounds.values()}
                 peers = [peer for peer in self._peers() if peer not in busy]
@@ -148,7 +175,34 @@ class AntiEntropy:
         round_id = self._next_round
         self._next_round = (self._next_round + 1) & 0xFFFF_FFFF
         self._rounds[round_id] = _Round(peer, time.monotonic(), continuation)
-        self._send_message(peer, Sync(SyncPhase.OFFER, round_id, self.name, digest=self.replica.digest()))
+        self._send_message(peer, Sync(SyncPhase.OFFER, round_id, self.name, digest=self.replica.digest(),
+                                      more=self.pull_only))
+
+    # --- absence ------------------------------------------------------------------------------
+
+    def _fresh(self) -> None:
+        """A round completed: it keeps this agent fresh if it sees a majority (where deletes are made)."""
+        if not self.pull_only and self.counts():
+            self.last_fresh = time.monotonic()
+
+    def _check_absence(self) -> None:
+        if self.absent_limit is None or self.pull_only:
+            return
+        away = time.monotonic() - self.last_fresh
+        if away > self.absent_limit:
+            self.pull_only = True
+            self.stats.rounds["pull_only"] += 1
+            logger.warning("gossip: no fresh sync for %.0f s (limit %.0f s): rejoining pull-only, taking the peers' "
+                           "state and dropping what they lack; DNS and writes wait", away, self.absent_limit)
+            self.on_pull_only(True)
+            self._fanout_now = max(self._fanout_now, 1)
+            self._wake.set()
+
+    def _rejoined(self, dropped: int) -> None:
+        self.pull_only = False
+        self.last_fresh = time.monotonic()
+        logger.warning("gossip: pull-only rejoin complete: %d entries the peers lack dropped", dropped)
+        self.on_pull_only(False)
 
     def _expire_rounds(self) -> None:
         cutoff = time.monotonic() - self.round_timeout
@@ -187,6 +241,10 @@ class AntiEntropy:
     async def _on_offer(self, message: Sync, source: Address) -> None:
         self._heard(message.origin, message.digest)
         mine = self.replica.digest()
+        if self.pull_only and not message.more and message.digest != mine:
+            # What this agent holds may predate deletes the others forgot: none of it leaves (busy).
+            self._send_message(source, Sync(SyncPhase.DIGESTS, message.round, self.name, digest=mine, more=True))
+            return
         own = next(((r, state) for r, state in self._rounds.items() if state.peer == source), None)
         if own is not None:
             round_id, state = own
@@ -209,12 +267,15 @@ class AntiEntropy:
         if message.digest == self.replica.digest():
             del self._rounds[message.round]
             self.stats.rounds["in_sync"] += 1
+            if self.pull_only:
+                self._rejoined(0)
+            self._fresh()
             self.synced.set()
             return
         if message.more and not message.buckets:
             del self._rounds[message.round]   # the peer's own round with us is under way
             self.stats.rounds["deferred"] += 1
-            if not self.synced.is_set():
+            if not self.synced.is_set() or self.pull_only:
                 # A restarted agent's catch-up answered "busy" (the peer still holds a round from before
                 # the crash): try again soon, not a whole interval later.
                 asyncio.get_running_loop().call_later(self._rng.uniform(0.2, 0.6), self.sync_now)
@@ -222,7 +283,13 @@ class AntiEntropy:
         state.answered = True
         mine = self.replica.bucket_digests()
         differ = [b for b, d in message.buckets if b < len(mine) and mine[b] != d]
-        entries, complete = await self.replica.export(differ, self.budget)
+        if self.pull_only:
+            state.pulled = tuple(differ)   # ask for them all, send nothing
+            self._send_message(source, Sync(SyncPhase.ENTRIES, message.round, self.name,
+                                            buckets=tuple((b, mine[b]) for b in differ)))
+            return
+        entries, covered = await self.replica.export(differ, self.budget)
+        complete = covered == len(differ)
         self.stats.entries_sent += len(entries)
         self._send_message(source, Sync(SyncPhase.ENTRIES, message.round, self.name,
                                         buckets=tuple((b, mine[b]) for b in differ), entries=tuple(entries),
@@ -232,19 +299,39 @@ class AntiEntropy:
         await self._merge(message)
         mine = self.replica.bucket_digests()
         still = [b for b, d in message.buckets if b < len(mine) and mine[b] != d]
-        entries, complete = await self.replica.export(still, self.budget) if still else ([], True)
+        entries, covered = await self.replica.export(still, self.budget) if still else ([], 0)
         self.stats.entries_sent += len(entries)
+        # The buckets sent whole: what a pull-only initiator replaces its own with (an empty one included).
         self._send_message(source, Sync(SyncPhase.FINAL, message.round, self.name, digest=self.replica.digest(),
-                                        entries=tuple(entries), more=message.more or not complete))
+                                        buckets=tuple((b, mine[b]) for b in still[:covered]), entries=tuple(entries),
+                                        more=message.more or covered < len(still)))
+        self._fresh()
 
     async def _on_final(self, message: Sync) -> None:
         state = self._rounds.pop(message.round, None)
         if state is None:
             self.stats.rounds["unknown"] += 1
             return
+        if self.pull_only and state.answered:
+            self.stats.entries_received += len(message.entries)
+            asked = set(state.pulled)
+            dropped = await self.replica.replace(message.entries, message.origin,
+                                                 [b for b, _ in message.buckets if b in asked])
+            self._heard(message.origin, message.digest)
+            self.stats.rounds["pulled"] += 1
+            self.stats.entries_dropped += dropped
+            self._dropped_in_pull += dropped
+            if not message.more:
+                self._rejoined(self._dropped_in_pull)
+                self._dropped_in_pull = 0
+                self.synced.set()
+            elif state.continuation < MAX_CONTINUATIONS:
+                self.start_round(state.peer, state.continuation + 1)
+            return
         applied = await self._merge(message)
         self._heard(message.origin, message.digest)
         self.stats.rounds["repaired" if applied else "exchanged"] += 1
+        self._fresh()
         self.synced.set()
         if message.more and state.continuation < MAX_CONTINUATIONS:
             self.start_round(state.peer, state.continuation + 1)

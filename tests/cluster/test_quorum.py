@@ -250,3 +250,28 @@ def test_a_member_turning_suspect_is_no_contact() -> None:
     assert has_majority(view)                                                   # suspect still counts as alive
     assert not has_contact_majority(view, {f"{B}-node0": 50.0, f"{C}-node0": 50.0}, now=100.0, window=5.0)
     assert not has_contact_majority(view, {}, now=100.0, window=5.0)           # never heard, only suspected
+
+
+def test_a_region_whose_agents_have_not_reported_since_they_started_is_out() -> None:
+    """What the store holds of it is from before its agents started (a copy that broke meanwhile would be
+    answered): out until one of its agents has reported and this agent holds that report, then back."""
+    def view(meta: tuple[tuple[str, str], ...], second: tuple[tuple[str, str], ...] | None = None,
+             reports: dict[str, int] | None = None) -> ClusterView:
+        members = [_member(A, 0, State.ALIVE), _member(C, 0, State.ALIVE)]
+        b = [MemberView(Member(f"{B}/node0", B, "node0", Role.AGENT, Address("127.0.0.9", 7946), meta), State.ALIVE,
+                        0.0)]
+        if second is not None:
+            b.append(MemberView(Member(f"{B}/node1", B, "node1", Role.AGENT, Address("127.0.0.8", 7946), second),
+                                State.ALIVE, 0.0))
+        return Quorum(local_region=A, max_age=MAX_AGE, clock=lambda: NOW).view(regions=THREE, members=members + b,
+                                                                               reports=reports)
+
+    pending, unchanged, fresh = (("copies", "pending"),), (("copies", "0"),), (("copies", "5000"),)
+    verdict = region_verdict(view(pending), B)
+    assert verdict.status is Status.OUT and "returning" in verdict.reason
+    assert region_verdict(view(unchanged), B).status is Status.UP             # nothing changed since: current
+    assert region_verdict(view(fresh), B).status is Status.OUT               # announced before it arrived here
+    assert region_verdict(view(fresh, reports={f"{B}/node0": 4000}), B).status is Status.OUT
+    assert region_verdict(view(fresh, reports={f"{B}/node0": 5000}), B).status is Status.UP
+    assert region_verdict(view(pending, unchanged), B).status is Status.UP   # one of its agents has reported
+    assert region_verdict(view(()), B).status is Status.UP                   # an agent that does not say

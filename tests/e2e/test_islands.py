@@ -107,3 +107,42 @@ async def test_an_agent_configured_for_another_zone_is_refused_on_both_sides(tmp
         assert "serves zone other.example.net" in c.agents[0].log.read_text()
     finally:
         await c.stop()
+
+
+async def test_a_region_back_in_gossip_is_answered_from_reports_made_after_its_return(tmp_path: Path) -> None:
+    """fra1's only agent is killed; while it is away its copy breaks. Its old report said healthy: when
+    it comes back, fra1 stays out of the answers until it has reported again, and then its copy is down.
+    Sampled every 50 ms at sfo1: fra1's address never answers after the restart."""
+    c = await _cluster(tmp_path, island_ca=False)
+    for agent in c.agents:
+        agent.start()
+    sfo1, fra1 = c.agents[0], c.agents[2]
+    try:
+        await wait_for(lambda: _answers_at(sfo1, ALL), timeout=30, interval=0.1, message="every copy answered")
+        fra1.kill()
+        await wait_for(lambda: _answers_at(sfo1, ALL - {"127.0.0.43"}), timeout=30, interval=0.1,
+                       message="fra1 out while its agent is away")
+        c.copies[2].set("down")   # broken while nobody in fra1 can say so
+        fra1.start()
+        deadline = time.monotonic() + 30
+        while not await fra1.ready():   # sampled throughout its return
+            assert time.monotonic() < deadline, "fra1's agent never became ready"
+            await _never_fra1(sfo1)
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 3   # and afterwards too: its fresh report says down
+        while time.monotonic() < deadline:
+            await _never_fra1(sfo1)
+            await asyncio.sleep(0.05)
+    finally:
+        await c.stop()
+
+
+async def _answers_at(agent: Agent, expected: set[str]) -> bool:
+    return await agent.answer(SHOP) == expected
+
+
+async def _never_fra1(agent: Agent) -> None:
+    answer = await agent.answer(SHOP)
+    if answer is not None and "127.0.0.43" in answer:
+        view = await agent.region_view()
+        raise AssertionError(f"fra1 answered: {answer}; verdicts {None if view is None else view.get('cluster')}")

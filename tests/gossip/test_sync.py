@@ -183,3 +183,81 @@ async def test_crossing_offers_run_one_round_and_a_busy_peer_defers_the_second()
     del b._rounds[999]
     a.start_round(b_addr)   # the next periodic round repairs it
     await wait_for(lambda: a_store.digest() == b_store.digest(), timeout=5, message="repaired")
+
+
+# --- pull-only rejoin ------------------------------------------------------------------------
+
+
+def _away_scene(count: int) -> tuple[Store, Store, Store, int]:
+    """A (away a month) holds every project; B and C deleted p00007 meanwhile, the tombstone expired
+    (31 days), and B wrote p99999 since. Returns the stores and the wall ms of "now"."""
+    now_ms = int(time.time() * 1000)
+    month = 31 * 86_400_000
+    stores = [_store(w) for w in ("sfo1/a", "ams1/b", "fra1/c")]
+    shared = _control_entries(count, start_ms=now_ms - month - 3_600_000)
+    for store in stores:
+        store.merge(shared)
+    a, b, c = stores
+    for store in (b, c):
+        store.merge([Entry(project_key("p00007"), None, Version((now_ms - month) << 16, "control/api")),
+                     Entry(project_key("p99999"), Project("p99999", ("sfo1",)), Version((now_ms - 1000) << 16,
+                                                                                         "control/api"))])
+        assert store.expire_tombstones(now_ms) == 1 and store.entry(project_key("p00007")) is None
+    return a, b, c, now_ms
+
+
+async def test_a_plain_round_with_an_agent_away_beyond_the_horizon_brings_a_delete_back() -> None:
+    """Why pull-only exists: the same scene, synced the ordinary way, resurrects the project."""
+    net = Net()
+    a_store, b_store, _, _ = _away_scene(40)
+    a, _ = _node(net, 1, a_store)
+    _, b_addr = _node(net, 2, b_store)
+    a.start_round(b_addr)
+    await wait_for(lambda: a_store.digest() == b_store.digest(), timeout=5, message="converged")
+    assert "p00007" in b_store.projects
+
+
+@pytest.mark.parametrize("budget", [4 << 20, 100])
+async def test_an_agent_away_beyond_the_horizon_rejoins_pull_only_and_brings_nothing_back(budget: int) -> None:
+    net = Net()
+    a_store, b_store, c_store, _ = _away_scene(40)
+    a, a_addr = _node(net, 1, a_store, budget=budget)
+    b, b_addr = _node(net, 2, b_store, budget=budget)
+    c, _ = _node(net, 3, c_store, budget=budget)
+    told: list[bool] = []
+    a.on_pull_only = told.append
+    a.absent_limit = 60.0
+    a._check_absence()
+    assert told == [], "fresh: nothing happens"
+    a.last_fresh = time.monotonic() - 61   # no fresh round for longer than the limit
+    a._check_absence()
+    assert told == [True] and a.pull_only
+    # Meanwhile C offers A an ordinary round: A answers busy, nothing of A's reaches C.
+    c.start_round(a_addr)
+    await wait_for(lambda: c.stats.rounds["deferred"] == 1, timeout=5, message="busy")
+    assert "p00007" not in c_store.projects and a.stats.entries_sent == 0
+    a.start_round(b_addr)
+    await wait_for(lambda: not a.pull_only, timeout=20, message="pulled")
+    await wait_for(lambda: a_store.digest() == b_store.digest(), timeout=5, message="converged")
+    assert "p00007" not in a_store.projects and "p99999" in a_store.projects
+    assert "p00007" not in b_store.projects and b.stats.entries_received == 0, "a pull sends nothing"
+    assert told == [True, False] and a.stats.entries_dropped == 1
+    if budget < 4 << 20:
+        assert a.stats.rounds["pulled"] > 1, "a small budget pulls in several rounds"
+    # Fresh again: an ordinary round with C is in sync.
+    a.start_round(Address("127.0.0.3", 7946))
+    await wait_for(lambda: a.stats.rounds["in_sync"] == 1, timeout=5, message="in sync with C")
+
+
+async def test_two_agents_both_away_answer_each_others_pull() -> None:
+    """Every agent away that long: nobody holds better state, so a pull-only peer answers a pull."""
+    net = Net()
+    a_store, b_store, _, _ = _away_scene(10)
+    a, _ = _node(net, 1, a_store)
+    b, b_addr = _node(net, 2, b_store)
+    for node in (a, b):
+        node.absent_limit, node.last_fresh = 60.0, time.monotonic() - 61
+        node._check_absence()
+    a.start_round(b_addr)
+    await wait_for(lambda: not a.pull_only, timeout=5, message="a pulled from b")
+    assert a_store.digest() == b_store.digest() and b.pull_only
