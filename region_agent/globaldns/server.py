@@ -36,6 +36,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import cast
 
+from region_agent.base.sockets import PortSharingError, set_port_sharing
 from region_agent.globaldns.answer import Responder
 
 logger = logging.getLogger("region_agent.dns")
@@ -381,8 +382,8 @@ class DnsServer:
         """UDP and TCP on one (host, port), or neither: a half-bound address is undone."""
         loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # No SO_REUSEADDR on UDP: with it another process could bind the same address and port
-        # and take our queries, and we would start silently beside it.
+        # No SO_REUSEADDR nor SO_REUSEPORT on UDP: with them another process could bind the same
+        # address and port and take our queries, and we would start silently beside it.
         sock = socket.socket(family, socket.SOCK_DGRAM)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -395,6 +396,13 @@ class DnsServer:
             raise BindError(host, port, "udp", error) from None
         actual_port = sock.getsockname()[1]
         transport, _ = await loop.create_datagram_endpoint(lambda: UdpProtocol(self.responder), sock=sock)
+        try:
+            # uvloop turned SO_REUSEADDR on as it took the socket: off again, or no start.
+            set_port_sharing(transport.get_extra_info("socket"), share=False)
+        except PortSharingError as error:
+            transport.close()
+            await asyncio.sleep(0)
+            raise BindError(host, actual_port, "udp", error) from None
         try:
             # TCP keeps SO_REUSEADDR so a restart is not refused by the last run's TIME_WAIT sockets;
             # on Linux it does not let a second listener share the port.

@@ -29,6 +29,7 @@ import struct
 import time
 from typing import Any, Protocol
 
+from region_agent.base.sockets import PortSharingError, set_port_sharing
 from region_agent.gossip.keyring import OVERHEAD, Keyring, KeyringError
 from region_agent.gossip.messages import Address, MessageError
 from region_agent.gossip.stats import GossipStats
@@ -86,6 +87,14 @@ class UdpTransport:
         """Send and receive on ``sock``, already bound to :attr:`addr`'s port."""
         loop = asyncio.get_running_loop()
         self._udp, _ = await loop.create_datagram_endpoint(functools.partial(_Datagrams, self), sock=sock)
+        try:
+            # uvloop turned SO_REUSEADDR on as it took the socket; with it another uid could bind
+            # beside us and read our datagrams. Off again, or no start.
+            set_port_sharing(self._udp.get_extra_info("socket"), share=False)
+        except PortSharingError:
+            self._udp.close()
+            self._udp = None
+            raise
 
     def attach(self, receiver: PacketReceiver) -> None:
         self._receiver = receiver
@@ -298,7 +307,11 @@ class GossipTransport:
                     raise
                 continue  # the TCP side of that port is taken: try another
             packets = UdpTransport(Address(host, chosen), keyring, stats, max_packet=max_packet)
-            await packets.open(udp_sock)
+            try:
+                await packets.open(udp_sock)
+            except OSError:
+                await streams.close()
+                raise
             return cls(packets, streams)
         raise OSError(f"no port free for both UDP and TCP on {host}")
 
