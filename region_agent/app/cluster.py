@@ -33,6 +33,7 @@ from region_agent.app.replication import StoreReplica
 from region_agent.app.revocations import RevocationError, Revocations
 from region_agent.app.settings import AgentSettings, SettingsError
 from region_agent.base.identity import CertBook, IdentityError, Signer, fingerprint
+from region_agent.checks.rule import CheckRule
 from region_agent.cluster.answers import ClusterAnswers
 from region_agent.cluster.clock import ClockVerdict, clock_verdict
 from region_agent.cluster.members import LIVE_STATES, MemberRow, member_rows
@@ -113,7 +114,8 @@ class ClusterParts:
             region=self.settings.region, settings=c, quorum=self.quorum, store=self.store, members=node.members,
             broadcast=node.broadcast, member_name=node.name, check_host=checks.host, check_port=checks.port,
             user_agent=f"{self.user_agent} ingress-probe", registry=self.registry,
-            signer=None if self.unsigned else self._current_signer, book=None if self.unsigned else self.book)
+            signer=None if self.unsigned else self._current_signer, book=None if self.unsigned else self.book,
+            rule=CheckRule(checks.interval, checks.recheck_delay, checks.fall, checks.rise))
         self.answers = ClusterAnswers(store=self.store, observations=self.observations, view=self.observer.view,
                                       policy=Policy(c.two_region_policy), registry=self.registry)
         self.write_gate = WriteGate(self.observer.view, self.membership, asyncio.get_running_loop().time)

@@ -40,7 +40,10 @@ def format_digests(data: dict[str, Any], *, all_members: bool) -> str:
         for row in data.get("agents", []):
             digest = row.get("digest") or "not heard yet"
             lines.append(f"{row['member']}  {digest}  {'same' if row.get('same') else 'DIFFERENT'}")
-        lines.append("# converged" if data.get("converged") else "# not converged: anti-entropy is repairing")
+        if not data.get("agents"):
+            lines.append("# no live peer to compare with: this agent is alone or cut off from the others")
+        else:
+            lines.append("# converged" if data.get("converged") else "# not converged: anti-entropy is repairing")
     return "\n".join(lines)
 
 
@@ -55,7 +58,8 @@ def cmd_members(args: argparse.Namespace) -> int:
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
-    """``zone --digest``: this agent's store digest, and with ``--all`` every member's; exit 3 when they differ."""
+    """``zone --digest``: this agent's store digest, and with ``--all`` every member's; exit 3 when they differ,
+    4 when there is no live peer to compare with (an isolated agent is not "converged")."""
     try:
         data = fetch_json(args.url.rstrip("/") + "/v1/digests", args.token_file)
     except CliError as exc:
@@ -65,7 +69,11 @@ def cmd_digest(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
     else:
         print(format_digests(data, all_members=args.all))
-    return 0 if not args.all or data.get("converged") else 3
+    if not args.all:
+        return 0
+    if not data.get("agents"):
+        return 4
+    return 0 if data.get("converged") else 3
 
 
 def add_members_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from region_agent.base.identity import OBSERVATION, CertBook, Signer
 from region_agent.base.names import region_name
 from region_agent.checks.probe import CheckTarget, Outcome, new_session, probe
+from region_agent.checks.rule import CheckRule, TargetHealth, TargetState
 from region_agent.cluster.quorum import Aspect, ClusterView, Observation, Quorum, liveness_observations
 from region_agent.cluster.settings import ClusterSettings
 from region_agent.gossip.membership import MemberView
@@ -147,9 +148,11 @@ class ClusterObserver:
                  members: Callable[[], Sequence[MemberView]], broadcast: Callable[[str, bytes], None],
                  member_name: str, check_host: str, check_port: int, user_agent: str,
                  registry: CollectorRegistry, wall: Callable[[], float] = time.time,
-                 signer: Callable[[], Signer] | None = None, book: CertBook | None = None) -> None:
+                 signer: Callable[[], Signer] | None = None, book: CertBook | None = None,
+                 rule: CheckRule | None = None) -> None:
         """``signer`` and ``book``: this agent's identity key and the certificates it trusts (both None in a
-        lab cluster: observations are then neither signed nor checked)."""
+        lab cluster: observations are then neither signed nor checked). ``rule``: the copy checks' fall, rise
+        and re-check delay, which ingress votes follow too (one lost probe never flips a vote)."""
         self.region = region
         self.signer = signer
         self.book = book
@@ -160,6 +163,10 @@ class ClusterObserver:
         self.metrics = ObserverMetrics(registry)
         self.observations: dict[tuple[Aspect, str, str], Observation] = {}
         self.ingress: dict[str, bool] = {}      # region → this agent's last ingress verdict
+        self._rule = CheckRule(settings.ingress_interval, *(() if rule is None else (rule.recheck_delay, rule.fall,
+                                                                                      rule.rise)))
+        self._probed: dict[str, TargetState] = {}   # region → its probes' streaks (the verdict's rise/fall)
+        self._next_probe = settings.ingress_interval
         self.listeners: list[Callable[[], None]] = []
         self._members = members
         for entry in store.entries():
@@ -293,9 +300,10 @@ class ClusterObserver:
                 started = time.monotonic()
                 self._probe_now.clear()
                 await self.probe_round(session)
+                # A probe that disagrees with the verdict is confirmed a re-check delay later, not an interval.
+                wait = min(self._next_probe, self.settings.ingress_interval - (time.monotonic() - started))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._probe_now.wait(),
-                                           max(0.0, self.settings.ingress_interval - (time.monotonic() - started)))
+                    await asyncio.wait_for(self._probe_now.wait(), max(0.0, wait))
         finally:
             await session.close()
 
@@ -310,21 +318,35 @@ class ClusterObserver:
         results = await asyncio.gather(*(self._probe_region(session, name, addresses)
                                          for name, addresses in regions.items()))
         changed = False
-        for name, verdict in zip(regions, results, strict=True):
-            if verdict is None:
+        self._next_probe = self.settings.ingress_interval
+        for name, result in zip(regions, results, strict=True):
+            if result is None:
+                continue   # no probe could be made here: no evidence either way
+            up, detail = result
+            state = self._probed.setdefault(name, TargetState())
+            self._next_probe = min(self._next_probe, state.observe(up, detail, self._rule))
+            if state.health is TargetHealth.UNKNOWN:
+                continue   # a first failure, not yet confirmed: no vote
+            verdict = state.health is TargetHealth.UP
+            if self.ingress.get(name) == verdict:
                 continue
-            changed = changed or self.ingress.get(name) != verdict
+            if name in self.ingress:
+                logger.warning("region %s ingress %s as probed from %s: %s", name, "up" if verdict else "down",
+                               self.region, detail[:300])
+            changed = True
             self.ingress[name] = verdict
             self.metrics.ingress_up.labels(name).set(1 if verdict else 0)
         for gone in set(self.ingress) - set(regions):
             del self.ingress[gone]
             self.metrics.ingress_up.remove(gone)
+        for gone in set(self._probed) - set(regions):
+            del self._probed[gone]
         if changed:
             self.publish(force=True)
 
     async def _probe_region(self, session: aiohttp.ClientSession, name: str,
-                            addresses: tuple[str, ...]) -> bool | None:
-        """Up when any address answers; None when no probe could be made here (no evidence)."""
+                            addresses: tuple[str, ...]) -> tuple[bool, str] | None:
+        """(up when any address answers, what the probes said); None when no probe could be made here."""
         host = self._check_host if self._check_port == 80 else f"{self._check_host}:{self._check_port}"
         results = await asyncio.gather(*(
             probe(session, CheckTarget(address, self._check_port, host, self.settings.ingress_path),
@@ -335,8 +357,4 @@ class ClusterObserver:
         evidence = [r for r in results if r.outcome is not Outcome.LOCAL_ERROR]
         if not evidence:
             return None
-        up = any(r.ok for r in evidence)
-        if self.ingress.get(name) is not None and self.ingress[name] != up:
-            logger.warning("region %s ingress %s as probed from %s: %s", name, "up" if up else "down", self.region,
-                           "; ".join(r.detail for r in evidence)[:300])
-        return up
+        return any(r.ok for r in evidence), "; ".join(r.detail for r in evidence)

@@ -116,6 +116,7 @@ def _observer(store: Store, members: list[MemberView], sent: list[tuple[str, byt
 
 
 async def test_ingress_is_probed_once_per_region_address_and_published_when_it_changes() -> None:
+    """Votes follow the copy checks' rule: down after ``fall`` failed probes in a row, up after ``rise``."""
     store = _store("sfo1", "ams1", "fra1", projects={f"p{i}": ("sfo1", "ams1", "fra1") for i in range(500)})
     ams1 = HealthEndpoint("127.0.0.42")
     port = await ams1.start()
@@ -134,11 +135,25 @@ async def test_ingress_is_probed_once_per_region_address_and_published_when_it_c
         assert len(sent) == 1
         fra1.ingress_up = False
         await observer.probe_round(session)
+        # One failed probe is no vote (it was, and 5 % loss made 33 in 300 s): it is re-checked soon.
+        assert observer.ingress == {"ams1": True, "fra1": True} and len(sent) == 1
+        assert observer._next_probe == observer._rule.recheck_delay
+        await observer.probe_round(session)   # the second failure in a row: down (the copy checks' fall)
         assert observer.ingress == {"ams1": True, "fra1": False}
+        assert observer._next_probe == observer._rule.interval
         payload = decode_observations(sent[-1][1], time.time())
         assert {(o.aspect, o.subject, o.up) for o in payload} >= {(Aspect.INGRESS, "fra1", False)}
         await observer.probe_round(session)   # nothing changed: nothing sent
         assert len(sent) == 2
+        fra1.ingress_up = True                 # back: up after ``rise`` good probes, not one
+        await observer.probe_round(session)
+        assert observer.ingress["fra1"] is False
+        await observer.probe_round(session)
+        assert observer.ingress["fra1"] is True and len(sent) == 3
+        for up in (False, True, False, True):  # a flapping, lossy path: single failures never vote
+            fra1.ingress_up = up
+            await observer.probe_round(session)
+            assert observer.ingress["fra1"] is True
     finally:
         await session.close()
         await ams1.stop()
