@@ -21,7 +21,7 @@ def served() -> Iterator[tuple[str, dict[str, Any]]]:
     answer: dict[str, Any] = {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             body = json.dumps(answer).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

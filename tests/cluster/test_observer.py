@@ -147,9 +147,9 @@ async def test_ingress_is_probed_once_per_region_address_and_published_when_it_c
         assert len(sent) == 2
         fra1.ingress_up = True                 # back: up after ``rise`` good probes, not one
         await observer.probe_round(session)
-        assert observer.ingress["fra1"] is False
+        assert observer.ingress == {"ams1": True, "fra1": False}
         await observer.probe_round(session)
-        assert observer.ingress["fra1"] is True and len(sent) == 3
+        assert observer.ingress == {"ams1": True, "fra1": True} and len(sent) == 3
         for up in (False, True, False, True):  # a flapping, lossy path: single failures never vote
             fra1.ingress_up = up
             await observer.probe_round(session)
