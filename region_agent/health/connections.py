@@ -18,7 +18,13 @@ aiohttp's low-level server, hardened in three places:
   with its reserve descriptor, so clients see resets and nobody learns why. Here a failed
   accept (EMFILE, ENFILE, ENOBUFS, ENOMEM) stops accepting for a backoff (50 ms doubling to
   1 s), counts, and reports once per episode; waiting connections stay in the kernel's
-  backlog and are served when descriptors free up.
+  backlog and are served when descriptors free up. Except on EMFILE/ENFILE while a **reserve
+  descriptor** is held (haproxy's and libuv's trick): it is closed to accept one waiting
+  connection, whose request must already be there (a kubelet probe sends it at once): ``GET
+  /livez`` is answered 200 (the process answers: a restart would not help), anything else 503
+  ``descriptors exhausted``, and a connection with nothing to say is closed; then the reserve is
+  taken again. So ``/livez`` keeps answering under exhaustion and idle connections parked by a
+  flood are shed from the backlog.
 
 Malformed requests reach :meth:`GuardedRequestHandler.handle_error` (aiohttp's parser error
 path); the listener's ``error_response`` answers them with ``X-Region`` and ``X-Request-Id``
@@ -28,7 +34,9 @@ and logs one line through its rate limit, without aiohttp's traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import os
 import socket
 from collections import OrderedDict
 from collections.abc import Callable
@@ -47,6 +55,28 @@ ErrorResponder = Callable[[web.BaseRequest, int, BaseException | None, str | Non
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
 _ACCEPTS_PER_WAKEUP = 64  # like asyncio's backlog loop: bounded work per readiness event
+_STARVED = (errno.EMFILE, errno.ENFILE)
+_HEAD_BYTES = 4096
+_DEFER_ACCEPT_SECONDS = 5
+
+
+def _open_reserve() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def starved_answer(head: bytes) -> bytes | None:
+    """What a connection accepted on the reserve descriptor gets: 200 for ``GET /livez``, 503 for any other
+    request, None (closed unanswered) when it has sent nothing yet."""
+    if not head:
+        return None
+    parts = head.split(b"\r\n", 1)[0].split(b" ")
+    ok = len(parts) == 3 and parts[0] == b"GET" and parts[1].split(b"?", 1)[0] == b"/livez"
+    status, body = (b"200 OK", b"ok") if ok else (b"503 Service Unavailable", b"descriptors exhausted")
+    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
 
 
 class GuardedRequestHandler(RequestHandler):
@@ -171,6 +201,9 @@ class _Acceptor(asyncio.AbstractServer):
         self._retry: asyncio.TimerHandle | None = None
         self._adopting: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._reserve = _open_reserve()
+        self._deferring = False
+        self._stats: ConnectionStats | None = getattr(factory, "stats", None)   # a GuardedServer's
 
     def start(self) -> None:
         self._loop.add_reader(self._sock.fileno(), self._on_readable)
@@ -184,9 +217,18 @@ class _Acceptor(asyncio.AbstractServer):
             except ConnectionAbortedError:  # the client gave up while waiting: next one
                 continue
             except OSError as exc:
+                if exc.errno in _STARVED and self._reserve is not None:
+                    self._failing = True
+                    self._on_error(exc)
+                    self._defer_accept(True)
+                    if self._answer_on_reserve():
+                        continue
+                    if self._reserve is not None:
+                        return   # nothing was waiting after all
                 self._pause(exc)
                 return
             if self._failing:
+                self._defer_accept(False)
                 self._failing = False
                 self._backoff = _BACKOFF_FIRST
                 self._on_recovered()
@@ -194,6 +236,43 @@ class _Acceptor(asyncio.AbstractServer):
             task = self._loop.create_task(self._adopt(conn))
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
+
+    def _defer_accept(self, on: bool) -> None:
+        """While starved, the kernel queues a new connection only once its request has arrived (Linux
+        TCP_DEFER_ACCEPT): the reserve path then finds it there, and idle ones wait in the kernel instead
+        of in front of a probe. Off again once accepts work (idle connections are the cap's to shed)."""
+        if on != self._deferring and hasattr(socket, "TCP_DEFER_ACCEPT"):
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, _DEFER_ACCEPT_SECONDS if on else 0)
+                self._deferring = on
+
+    def _answer_on_reserve(self) -> bool:
+        """Free the reserve descriptor, accept one connection on it, answer it at once and close it
+        (:func:`starved_answer`), take the reserve again; False when nothing was accepted."""
+        assert self._reserve is not None
+        os.close(self._reserve)
+        self._reserve = None
+        try:
+            conn, _address = self._sock.accept()
+        except OSError:
+            self._reserve = _open_reserve()
+            return False
+        try:
+            conn.setblocking(False)
+            try:
+                answer = starved_answer(conn.recv(_HEAD_BYTES))
+            except (BlockingIOError, InterruptedError):
+                answer = None
+            if answer is not None:
+                conn.send(answer)   # a few dozen bytes: the socket buffer takes them whole
+            if self._stats is not None:
+                self._stats.closed["reserve-answered" if answer is not None else "reserve-shed"] += 1
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            self._reserve = _open_reserve()
+        return True
 
     async def _adopt(self, conn: socket.socket) -> None:
         try:
@@ -229,6 +308,9 @@ class _Acceptor(asyncio.AbstractServer):
         else:
             self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
 
     async def wait_closed(self) -> None:
         if self._adopting:

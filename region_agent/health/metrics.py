@@ -27,7 +27,8 @@ KINDS = ("global-health", "region", "livez", "readyz", "metrics", "document", "m
 # Handler latency is tens of microseconds; the upper buckets catch a stalled loop.
 LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 # Why the listener closed a connection itself (the `reason` label).
-CLOSE_REASONS = ("header-timeout", "idle-timeout", "cap")
+# reserve-*: accepted on the reserve descriptor under exhaustion, answered at once or shed (nothing sent yet)
+CLOSE_REASONS = ("header-timeout", "idle-timeout", "cap", "reserve-answered", "reserve-shed")
 
 
 class RequestStats:

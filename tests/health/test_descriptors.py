@@ -1,6 +1,7 @@
 """Descriptor exhaustion on :8086, in a REAL ``region-agent run`` (uvloop) under a low RLIMIT_NOFILE.
 
-Connections are opened until the agent can not accept any more (EMFILE), then closed: the
+Connections are opened until the agent can not accept any more (EMFILE): ``/livez`` must still
+answer (on the reserve descriptor) and nothing else may answer 200; then they are closed: the
 listener must come back by itself, say so once per episode in its log, and count the errors.
 """
 
@@ -84,6 +85,12 @@ health: {{listen_addresses: [127.0.0.1], port: {public}, operator_port: {operato
 
         wait_for_sync(refusing, timeout=20, message="the accept error to be logged")
         assert agent.poll() is None, log.read_text()[-3000:]
+        # Still exhausted: /livez answers on the reserve descriptor, every time, within the probe's second
+        # (it failed 3 of 8 samples with only the back-off); nothing else claims to be fine.
+        livez = [_status(f"http://127.0.0.1:{public}/livez") for _ in range(8)]
+        assert livez == [200] * 8, livez
+        assert _status(f"http://127.0.0.1:{public}/global-health/shop") == 503
+        assert _status(f"http://127.0.0.1:{public}/readyz") == 503
         for client in clients:
             client.close()
         clients.clear()
@@ -101,6 +108,12 @@ health: {{listen_addresses: [127.0.0.1], port: {public}, operator_port: {operato
                        and 'error="EMFILE"' in line and 'listener="public"' in line)
 
         assert wait_for_sync(accept_errors, timeout=10, message="accept errors counted") >= 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{operator}/metrics", timeout=2) as response:
+            metrics = response.read().decode()
+        answered = [line for line in metrics.splitlines()
+                    if line.startswith("region_agent_health_connections_closed_total{")
+                    and 'reason="reserve-answered"' in line and 'listener="public"' in line]
+        assert answered and float(answered[0].rsplit(" ", 1)[1]) >= 10, answered   # 8 + /global-health + /readyz
         episodes = refusing()
         assert 1 <= len(episodes) <= 2, episodes  # once per episode, not once per failed accept
         assert all(line["level"] == "warning" for line in episodes)
