@@ -14,8 +14,8 @@ from __future__ import annotations
 import ipaddress
 import struct
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from region_agent.globaldns.memo import Entry, ResponseMemo, memo_key, memoisable
 from region_agent.globaldns.metrics import DnsCounters
@@ -32,6 +32,7 @@ from region_agent.globaldns.wire import (
     IXFR,
     MIN_UDP_PAYLOAD,
     NOERROR,
+    NOTAUTH,
     NXDOMAIN,
     OPCODE_MASK,
     QR,
@@ -153,6 +154,13 @@ class ResponderLimits:
 MEMOISED_RCODES = frozenset({NOERROR, SERVFAIL})
 
 
+class UpdateHandler(Protocol):
+    """RFC 2136 UPDATEs and TSIG-signed queries (``region_agent.globaldns.acme.service``)."""
+
+    def __call__(self, data: bytes, source: str | None, *, tcp: bool = ..., our_payload: int = ...) -> bytes | None:
+        ...
+
+
 class Responder:
     """Wire in, wire out, for both transports; counts what it answers.
 
@@ -169,7 +177,8 @@ class Responder:
         self.rrl = rrl
         self._memo_on = self.limits.memo_entries > 0  # off: not even another Responder's memo is read
         # RFC 2136 UPDATE (opcode 5), when ACME challenges are on (``region_agent.globaldns.acme.service``); else NOTIMP
-        self.updates: Callable[[bytes, str | None], bytes | None] | None = None
+        # TSIG-signed queries go there too (answered and signed with the query's key, RFC 8945 §5.3).
+        self.updates: UpdateHandler | None = None
         self._sample_mask = max(1, self.limits.latency_sample) - 1
         self._queries = 0
 
@@ -205,10 +214,12 @@ class Responder:
     def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables) -> bytes | None:
         """Everything but a memo hit: parse, answer, rate-limit, render, maybe memoise."""
         if self.updates is not None and len(data) > 2 and data[2] & 0x78 == 0x28:  # opcode 5: UPDATE
-            return self.updates(data, source)
+            return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload)
         try:
             query = parse_query(data)
         except MessageError as error:
+            if error.rcode == NOTAUTH and self.updates is not None:  # the parser's answer to a TSIG-signed query
+                return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload)
             self.counters.malformed(error.reason)
             out = error_response(error, our_payload=self.limits.our_payload)
             if out is None:

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Literal
 from unittest import mock
 
+import dns.exception
+import dns.message
 import dns.name
 import dns.rcode
+import dns.rdatatype
 import dns.tsig
 import dns.update
 import pytest
@@ -163,3 +166,75 @@ async def test_refusals_change_nothing(agent: Agent) -> None:
     refused = {reason: agent.registry.get_sample_value("region_agent_dns_updates_total", {"result": reason})
                for reason in ("refused-type", "refused-name", "over-limit", "notauth", "tsig-unsigned")}
     assert refused == {"refused-type": 1, "refused-name": 2, "over-limit": 1, "notauth": 1, "tsig-unsigned": 1}
+
+
+JUNK_PER_SECOND = 200
+FLOOD_SECONDS = 3.0
+
+
+class _Sink(asyncio.DatagramProtocol):
+    """The junk sender's socket: answers to junk are counted, not read."""
+
+    def __init__(self) -> None:
+        self.answers = 0
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        self.answers += 1
+
+
+async def _flood(port: int, wires: list[bytes], *, per_second: int, seconds: float) -> int:
+    """Send ``wires`` in turn, ``per_second`` a second for ``seconds`` (bounded); returns how many were sent."""
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_datagram_endpoint(_Sink, remote_addr=("127.0.0.1", port))
+    total = int(per_second * seconds)
+    started = loop.time()
+    try:
+        for n in range(total):
+            transport.sendto(wires[n % len(wires)])
+            await asyncio.sleep(max(0.0, started + (n + 1) / per_second - loop.time()))  # pacing, not waiting
+    finally:
+        transport.close()
+    return total
+
+
+async def _signed_adds(port: int, count: int, spacing: float) -> list[int]:
+    """``count`` validly signed adds, one every ``spacing`` seconds; their rcodes."""
+    rcodes: list[int] = []
+    for n in range(count):
+        try:
+            update = _adding(f"_acme-challenge.n{n}.{ZONE}.", value=f'"flood-{n}"')  # under the per-name limit
+            response = await ask(port, _signed(update), timeout=2.0)
+            rcodes.append(response.rcode())
+        except dns.exception.FormError:  # an unsigned answer to a signed request (the old rate limit's REFUSED)
+            rcodes.append(-1)
+        await asyncio.sleep(spacing)  # pacing the client across the flood
+    return rcodes
+
+
+async def test_unsigned_junk_at_200_per_second_never_starves_a_signed_client(agent: Agent) -> None:
+    await wait_for(agent.ready.is_set, timeout=10, message="ready")
+    port = _port(agent)
+    wrong = base64.b64encode(b"w" * 32).decode()
+    junk = [_adding(value='"junk"').to_wire(),  # unsigned, from the same address as the signed client
+            _signed(_adding(value='"junk"'), secret=wrong).to_wire()]  # our key's name, a bad MAC
+    flood = asyncio.create_task(_flood(port, junk, per_second=JUNK_PER_SECOND, seconds=FLOOD_SECONDS))
+    await asyncio.sleep(0.5)  # let the flood drain the budgets first, as the measured incident did
+    rcodes = await _signed_adds(port, 16, spacing=(FLOOD_SECONDS - 1.0) / 16)
+    sent = await flood
+    accepted = rcodes.count(dns.rcode.NOERROR)
+    print(f"junk sent {sent}; signed accepted {accepted}/16; rcodes {rcodes}")
+    assert accepted == 16, rcodes
+    limited = {budget: agent.registry.get_sample_value("region_agent_dns_update_limited_total", {"budget": budget})
+               for budget in ("unverified", "key", "source")}
+    assert limited["unverified"] and limited["unverified"] > sent / 2, limited  # the junk met its own budget
+    assert not limited["key"] and not limited["source"], limited
+
+
+@pytest.mark.parametrize("tcp", [False, True])
+async def test_a_signed_soa_query_is_answered_signed(agent: Agent, tcp: bool) -> None:
+    """certbot 1.32-2.5 signs the SOA lookup that finds the zone; the answer must verify (RFC 8945 §5.3)."""
+    await wait_for(agent.ready.is_set, timeout=10, message="ready")
+    query = signed(dns.message.make_query(ZONE, "SOA"), TsigKey("acme-key", SECRET))
+    response = await ask(_port(agent), query, tcp=tcp)  # dnspython checks the TSIG with the request's MAC
+    assert response.had_tsig and response.rcode() == dns.rcode.NOERROR
+    assert response.answer[0].rdtype == dns.rdatatype.SOA
