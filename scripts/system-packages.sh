@@ -19,6 +19,12 @@ command -v nft >/dev/null 2>&1 || missing+=(nftables)     # links cut there
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)  # a skewed clock: tests/e2e/test_clocks.py
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 for tool in podman buildah runc debootstrap tini; do command -v $tool >/dev/null 2>&1 || missing+=($tool); done
+# Real ACME issuance (tests/e2e/test_acme_certbot.py): Debian 12's certbot 2.1, which signs its SOA
+# lookup, its RFC 2136 plugin, and Pebble, an ACME test CA.
+packages+=(certbot python3-certbot-dns-rfc2136 pebble)
+[[ -x /usr/bin/certbot ]] || missing+=(certbot)
+/usr/bin/python3 -c 'import certbot_dns_rfc2136' >/dev/null 2>&1 || missing+=(python3-certbot-dns-rfc2136)
+command -v pebble >/dev/null 2>&1 || missing+=(pebble)
 if (( ${#missing[@]} == 0 )); then
   bash "$(dirname "$0")/../container/prepare-base.sh" || echo "system-packages: no image test cache" >&2
   exit 0
