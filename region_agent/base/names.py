@@ -14,6 +14,8 @@ RegionName = NewType("RegionName", str)
 ProjectSlug = NewType("ProjectSlug", str)
 
 REGION_PATTERN = re.compile(r"^[a-z]{3}[0-9]+$")
+# ns-<region> is one DNS label (RFC 1035 §2.3.4: at most 63 octets), and a Kubernetes label value too.
+MAX_REGION_NAME = 60
 # One DNS label (RFC 1035 §2.3.1 letters-digits-hyphen, lower case, at most 63 octets).
 SLUG_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -25,6 +27,9 @@ class InvalidNameError(ValueError):
 def region_name(value: str) -> RegionName:
     if not REGION_PATTERN.fullmatch(value):
         raise InvalidNameError(f"region name {value!r} must match {REGION_PATTERN.pattern} (e.g. sfo1)")
+    if len(value) > MAX_REGION_NAME:
+        raise InvalidNameError(f"region name {value[:16]}... is {len(value)} characters, at most {MAX_REGION_NAME} "
+                               "(ns-<region> is one DNS label of at most 63 octets)")
     return RegionName(value)
 
 

@@ -69,9 +69,15 @@ class ZoneConfig:
 
 @dataclass
 class CompileReport:
-    """What the compiler could not honour; logged and counted by the caller."""
+    """What the compiler could not honour; logged and counted by the caller. ``left_out``: names that are
+    not DNS names, skipped (a subset of ``problems``; the zone service reports them as degraded)."""
 
     problems: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+
+    def leave_out(self, problem: str) -> None:
+        self.problems.append(problem)
+        self.left_out.append(problem)
 
 
 def ns_host(region: str, apex: str) -> str:
@@ -131,7 +137,7 @@ class ZoneBuild:
         self._regions = dict(sorted(state.regions.items()))
         self._fenced = frozenset(state.fenced)
         self._basis = (config, health_known, locator, tuple(self._regions.items()), tuple(sorted(self._fenced)))
-        self._infra = _compile_infrastructure(self._apex, self._regions, config, zone_serial(state))
+        self._infra = _compile_infrastructure(self._apex, self._regions, config, zone_serial(state), self.report)
         if previous is not None and changed_projects is not None and previous.basis == self._basis:
             self._projects = dict(previous.projects)
             self._nodes = dict(previous.nodes)
@@ -141,7 +147,7 @@ class ZoneBuild:
         else:
             self._projects, self._nodes, dirty = {}, {}, list(state.projects.keys())
         self._nodes.update(self._infra.nodes)
-        self._challenges = _challenge_nodes(self._apex, state.challenges, config, self._infra.nodes)
+        self._challenges = _challenge_nodes(self._apex, state.challenges, config, self._infra.nodes, self.report)
         self._nodes.update(self._challenges)
         self._dirty = iter(dirty)
         self.compiled = 0  # projects compiled so far
@@ -167,7 +173,11 @@ class ZoneBuild:
         project = self._state.projects.get(slug)
         if project is None:
             return
-        owner = name_from_text(f"{slug}.{config.apex}")
+        try:
+            owner = name_from_text(f"{slug}.{config.apex}")
+        except ValueError as exc:  # every entrance refuses such a name; one that got in anyway costs only itself
+            report.leave_out(f"project {slug}: left out, its name is not a DNS name ({exc})")
+            return
         if owner in infra.nodes:
             report.problems.append(f"project {slug}: name {slug}.{config.apex} is taken by a name server")
             return
@@ -192,6 +202,24 @@ class ZoneBuild:
                           self._basis, challenge_owners=frozenset(self._challenges))
 
 
+def _name_servers(regions: Iterable[Region], apex: str,
+                  report: CompileReport) -> tuple[list[Region], tuple[bytes, ...]]:
+    """The regions with name-server addresses and their ns-<region> names, in wire form; a region whose
+    name can not be one is left out and reported (every entrance refuses it; a compile must not fail)."""
+    servers: list[Region] = []
+    hosts: list[bytes] = []
+    for region in regions:
+        if not (region.ns_ipv4 or region.ns_ipv6):
+            continue
+        try:
+            hosts.append(name_from_text(ns_host(region.name, apex)))
+        except ValueError as exc:
+            report.leave_out(f"region {region.name}: name server left out, not a DNS name ({exc})")
+            continue
+        servers.append(region)
+    return servers, tuple(hosts)
+
+
 @dataclass
 class _Infrastructure:
     serial: int
@@ -201,10 +229,9 @@ class _Infrastructure:
 
 
 def _compile_infrastructure(apex: bytes, regions: Mapping[str, Region], config: ZoneConfig,
-                            serial: int) -> _Infrastructure:
+                            serial: int, report: CompileReport) -> _Infrastructure:
     """The apex (SOA, NS with glue) and the name servers' own names."""
-    ns_regions = [r for r in regions.values() if r.ns_ipv4 or r.ns_ipv6]
-    ns_hosts = tuple(name_from_text(ns_host(r.name, config.apex)) for r in ns_regions)
+    ns_regions, ns_hosts = _name_servers(regions.values(), config.apex, report)
     mname = name_from_text(config.soa_mname) if config.soa_mname else (ns_hosts[0] if ns_hosts else
                                                                         name_from_text(f"ns.{config.apex}"))
     rname = name_from_text(config.hostmaster or f"hostmaster.{config.apex}")
@@ -241,11 +268,15 @@ def _compile_infrastructure(apex: bytes, regions: Mapping[str, Region], config: 
 
 
 def _challenge_nodes(apex: bytes, challenges: Mapping[str, Mapping[bytes, Challenge]], config: ZoneConfig,
-                     taken: Mapping[bytes, Node]) -> dict[bytes, Node]:
+                     taken: Mapping[bytes, Node], report: CompileReport) -> dict[bytes, Node]:
     """One node per name holding ACME challenge TXT records (their other types: NODATA)."""
     nodes: dict[bytes, Node] = {}
     for name, values in challenges.items():
-        owner = name_from_text(name)
+        try:
+            owner = name_from_text(name)
+        except ValueError as exc:  # the model refuses such a name; skipped, not fatal, if one got in
+            report.leave_out(f"challenge {name[:64]}: left out, not a DNS name ({exc})")
+            continue
         if owner in taken or not owner.endswith(apex):
             continue  # the update policy never lets this happen; a peer's entry might
         records = txt_records(owner, [(c.rdata, c.ttl) for c in values.values()], suffix_offsets(owner))

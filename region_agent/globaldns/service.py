@@ -117,6 +117,8 @@ class ZoneService:
         self._sites: tuple[Site, ...] | None = None
         self._warm: asyncio.Task[None] | None = None
         self._pending: asyncio.Task[None] | None = None  # a compilation running or about to
+        self._compile_failure: str | None = None  # why the last compilation failed (the previous zone answers)
+        self._left_out: tuple[str, ...] = ()  # names the newest tables leave out: not DNS names
         self._changed_projects: set[str] | None = set()  # None: compile everything
         self.changed = asyncio.Event()  # set after every swap, for whoever publishes views
         # Where the GeoIP database comes from; its run() (the agent spawns it) keeps it fresh.
@@ -169,28 +171,49 @@ class ZoneService:
         Between slices the loop answers queries from the previous tables; changes that
         arrive meanwhile are compiled by the next round (a region change: all of them).
         """
-        compiled = 0
         try:
             # Not in the loop turn of the write that asked for it: that turn has done its share.
             await asyncio.sleep(0)
             with gc_paused():  # no full collection in the middle of a slice (see region_agent.base.gc_pause)
-                while self._changed_projects is None or self._changed_projects or self._challenges_changed:
-                    changed, self._changed_projects = self._changed_projects, set()
-                    self._challenges_changed = False
-                    self._refresh_locator(self.store.regions)
-                    report = CompileReport()
-                    build = ZoneBuild(self.view, self.config, health_known=self.health_known, locator=self.locator,
-                                      report=report, previous=self._latest, changed_projects=changed)
-                    while not build.step(COMPILE_SLICE_SECONDS):  # noqa: ASYNC110 - not waiting: slicing
-                        await asyncio.sleep(0)  # one loop turn for the queries waiting
-                    previous = _contents(self._latest) if build.compiled >= FREEZE_AFTER_PROJECTS else []
-                    self._install(build.finish(), report)
-                    compiled += build.compiled
-                    await _release_in_slices(previous)
+                compiled = await self._compile_rounds()
                 if compiled >= FREEZE_AFTER_PROJECTS:
                     freeze_survivors()  # the new tables: no later collection needs to scan them
+        except Exception as exc:  # any bug or bad entry: degraded, never a dead zone
+            self._failed(exc)
         finally:
             self._pending = None
+
+    async def _compile_rounds(self) -> int:
+        """Compile until no change is left; the number of projects compiled."""
+        compiled = 0
+        while self._changed_projects is None or self._changed_projects or self._challenges_changed:
+            changed, self._changed_projects = self._changed_projects, set()
+            self._challenges_changed = False
+            self._refresh_locator(self.store.regions)
+            report = CompileReport()
+            build = ZoneBuild(self.view, self.config, health_known=self.health_known, locator=self.locator,
+                              report=report, previous=self._latest, changed_projects=changed)
+            while not build.step(COMPILE_SLICE_SECONDS):  # noqa: ASYNC110 - not waiting: slicing
+                await asyncio.sleep(0)  # one loop turn for the queries waiting
+            previous = _contents(self._latest) if build.compiled >= FREEZE_AFTER_PROJECTS else []
+            self._install(build.finish(), report)
+            compiled += build.compiled
+            await _release_in_slices(previous)
+        return compiled
+
+    def _failed(self, exc: Exception) -> None:
+        """A compilation raised: the previous tables keep answering, the agent is degraded with the reason,
+        and the next change compiles everything again (what this round took is not in the tables)."""
+        self._changed_projects = None
+        answering = "the previous zone" if self._latest is not None else "SERVFAIL (no zone compiled yet)"
+        self._compile_failure = f"zone compile failed, answering {answering}: {type(exc).__name__}: {exc}"
+        self.counters.zone_errors += 1
+        logger.exception("zone: compile failed; the previous zone keeps answering")
+        self.changed.set()  # the region's view shows the problem
+
+    def problems(self) -> tuple[str, ...]:
+        """A failed compilation, and names left out of the zone because they are not DNS names."""
+        return (*(() if self._compile_failure is None else (self._compile_failure,)), *self._left_out)
 
     async def compiled(self) -> None:
         """Return once every change so far is in the tables being answered."""
@@ -202,8 +225,12 @@ class ZoneService:
         changed, self._changed_projects = self._changed_projects, set()
         self._refresh_locator(self.store.regions)
         report = CompileReport()
-        tables = compile_zone(self.view, self.config, health_known=self.health_known, locator=self.locator,
-                              report=report, previous=self._latest, changed_projects=changed)
+        try:
+            tables = compile_zone(self.view, self.config, health_known=self.health_known, locator=self.locator,
+                                  report=report, previous=self._latest, changed_projects=changed)
+        except Exception as exc:  # degraded (SERVFAIL without a previous zone), not dead
+            self._failed(exc)
+            return
         self._install(tables, report)
 
     def withhold(self) -> None:
@@ -230,6 +257,8 @@ class ZoneService:
         for problem in report.problems:
             logger.warning("zone: %s", problem)
         self.counters.zone_errors += len(report.problems)
+        self._compile_failure = None
+        self._left_out = tuple(report.left_out)
         self._latest = tables
         if self._withheld:
             self.changed.set()

@@ -9,7 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from region_agent.globaldns.geoip.source import GeoipSettings, resolve_source
 from region_agent.globaldns.wire import name_from_text
-from region_agent.state.model import AllDownPolicy
+from region_agent.state.model import MAX_LABEL_OCTETS, MAX_NAME_OCTETS, AllDownPolicy
+
+# Every name the zone holds below its apex is one label (ns-<region>, <slug>: at most 63 octets), so a
+# zone of at most this many octets in wire form leaves room for any of them in 255 (RFC 1035 §2.3.4):
+# the records' own checks need not know the zone.
+MAX_ZONE_OCTETS = MAX_NAME_OCTETS - (MAX_LABEL_OCTETS + 1)
+MAX_ZONE_CHARACTERS = MAX_ZONE_OCTETS - 2   # its presentation form: one length octet more, and the root
+# TTL bounds (seconds). Answers: a day at most (longer defeats failover; PowerDNS and most resolvers cap
+# their cache at a day). Infrastructure (NS, glue, SOA): a week, a common upper bound for delegations.
+MAX_ANSWER_TTL = 86_400
+MAX_INFRASTRUCTURE_TTL = 604_800
+MAX_SOA_EXPIRE = 3_628_800   # six weeks: above RIPE-203's 1000 hours
 
 
 class RrlSettings(BaseModel):
@@ -97,7 +108,8 @@ class DnsSettings(BaseModel):
 
     zone: str = Field(
         default="g.example.com",
-        description="The global zone this agent is authoritative for; projects answer as <slug>.<zone>.",
+        description="The global zone this agent is authoritative for; projects answer as <slug>.<zone>. At most "
+        f"{MAX_ZONE_CHARACTERS} characters, so that every name one label below it fits in 255 octets.",
     )
     listen_addresses: tuple[str, ...] = Field(
         default=("127.0.0.1",),
@@ -105,22 +117,28 @@ class DnsSettings(BaseModel):
     )
     port: int = Field(default=53, ge=0, le=65535, description="DNS port; 0 picks a free one (tests).")
     record_ttl: int = Field(
-        default=30, ge=0, le=86400,
+        default=30, ge=1, le=MAX_ANSWER_TTL,
         description="TTL of project A/AAAA answers: how long a resolver may keep sending clients to a copy "
-        "that has since failed. Shorter fails over faster and costs more queries.",
+        "that has since failed. Shorter fails over faster and costs more queries. 1 to 86400 (a day).",
     )
-    ns_ttl: int = Field(default=3600, ge=0, le=604800, description="TTL of NS records and their glue.")
-    soa_ttl: int = Field(default=3600, ge=0, le=604800, description="TTL of the SOA record.")
+    ns_ttl: int = Field(default=3600, ge=1, le=MAX_INFRASTRUCTURE_TTL,
+                        description="TTL of NS records and their glue. 1 to 604800 (a week).")
+    soa_ttl: int = Field(default=3600, ge=1, le=MAX_INFRASTRUCTURE_TTL,
+                         description="TTL of the SOA record. 1 to 604800 (a week).")
     soa_minimum: int = Field(
-        default=60, ge=0, le=86400,
+        default=60, ge=0, le=MAX_ANSWER_TTL,
         description="SOA MINIMUM; the negative-answer TTL is min(soa_ttl, soa_minimum) (RFC 2308 §5). "
-        "Longer saves queries for names that do not exist; shorter lets a new project resolve sooner.",
+        "Longer saves queries for names that do not exist; shorter lets a new project resolve sooner. "
+        "0 (negative answers not cached) to 86400.",
     )
-    soa_refresh: int = Field(default=3600, ge=0, description="SOA REFRESH (no secondaries use it here).")
-    soa_retry: int = Field(default=600, ge=0, description="SOA RETRY.")
-    soa_expire: int = Field(default=604800, ge=0, description="SOA EXPIRE.")
-    soa_mname: str | None = Field(default=None, description="SOA MNAME; default the first ns-<region>.<zone>.")
-    hostmaster: str | None = Field(default=None, description="SOA RNAME; default hostmaster.<zone>.")
+    soa_refresh: int = Field(default=3600, ge=1, le=MAX_INFRASTRUCTURE_TTL,
+                             description="SOA REFRESH (no secondaries use it here). 1 to 604800.")
+    soa_retry: int = Field(default=600, ge=1, le=MAX_INFRASTRUCTURE_TTL, description="SOA RETRY. 1 to 604800.")
+    soa_expire: int = Field(default=604800, ge=1, le=MAX_SOA_EXPIRE,
+                            description="SOA EXPIRE. 1 to 3628800 (six weeks).")
+    soa_mname: str | None = Field(default=None, description="SOA MNAME, a DNS name; default the first "
+                                  "ns-<region>.<zone>.")
+    hostmaster: str | None = Field(default=None, description="SOA RNAME, a DNS name; default hostmaster.<zone>.")
     udp_payload: int = Field(
         default=1232, ge=512, le=4096,
         description="Largest UDP response we send to an EDNS client (and advertise). 1232 avoids IP "
@@ -191,14 +209,18 @@ class DnsSettings(BaseModel):
     @field_validator("zone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        value = value.rstrip(".").lower()
-        try:
-            name_from_text(value)
-        except ValueError as exc:
-            raise ValueError(f"not a DNS name: {exc}") from exc
+        value = _dns_name(value)
         if not value:
             raise ValueError("the zone can not be the root")
+        if len(value) > MAX_ZONE_CHARACTERS:
+            raise ValueError(f"the zone is {len(value)} characters, at most {MAX_ZONE_CHARACTERS}: ns-<region>.<zone> "
+                             "and <slug>.<zone> (a label of up to 63 octets below it) must fit in 255 octets")
         return value
+
+    @field_validator("soa_mname", "hostmaster")
+    @classmethod
+    def _soa_name(cls, value: str | None) -> str | None:
+        return None if value is None else _dns_name(value)
 
     @field_validator("listen_addresses")
     @classmethod
@@ -211,3 +233,13 @@ class DnsSettings(BaseModel):
     def _geoip_source(self) -> DnsSettings:
         resolve_source(self.geoip, self.geoip_database)  # ValueError names the missing setting
         return self
+
+
+def _dns_name(value: str) -> str:
+    """``value`` lower case without the final dot; ValueError when it is not a DNS name."""
+    value = value.rstrip(".").lower()
+    try:
+        name_from_text(value)
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise ValueError(f"not a DNS name: {exc}") from exc
+    return value

@@ -79,6 +79,20 @@ class ModelError(ValueError):
     """A record that breaks the model's rules; the message names the field."""
 
 
+def address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why ``address`` can not be answered as an ingress or a name server (a client could never reach
+    it there), or None. Loopback stays allowed: a laptop demo and the tests run on 127.0.0.x."""
+    if address.is_unspecified:
+        return "is the unspecified address"
+    if address.is_multicast:
+        return "is a multicast address"
+    if address.is_link_local:
+        return "is link-local (not reachable outside its link)"
+    if address.version == 4 and address.is_reserved:
+        return "is reserved (240.0.0.0/4, the broadcast address included)"
+    return None
+
+
 def _addresses(values: Any, version: int, field_name: str) -> tuple[str, ...]:
     if values is None:
         return ()
@@ -92,8 +106,27 @@ def _addresses(values: Any, version: int, field_name: str) -> tuple[str, ...]:
             raise ModelError(f"{field_name}: {raw!r} is not an IP address") from exc
         if address.version != version:
             raise ModelError(f"{field_name}: {raw} is not an IPv{version} address")
+        problem = address_problem(address)
+        if problem is not None:
+            raise ModelError(f"{field_name}: {raw} {problem}")
         out.append(str(address))
     return tuple(dict.fromkeys(out))
+
+
+MAX_NAME_OCTETS = 255   # a DNS name in wire form (RFC 1035 §2.3.4), labels' lengths and the root included
+MAX_LABEL_OCTETS = 63
+
+
+def dns_name_problem(name: str) -> str | None:
+    """Why the presentation-form ``name`` (no escapes) is not a DNS name, or None."""
+    labels = name.rstrip(".").split(".") if name.rstrip(".") else []
+    for label in labels:
+        if not 0 < len(label.encode()) <= MAX_LABEL_OCTETS:
+            return f"label {label[:16]!r} of {len(label)} characters (1 to {MAX_LABEL_OCTETS})"
+    octets = sum(len(label.encode()) + 1 for label in labels) + 1
+    if octets > MAX_NAME_OCTETS:
+        return f"{octets} octets in wire form (at most {MAX_NAME_OCTETS})"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +269,11 @@ class Challenge:
     expires_at: int
 
     def __post_init__(self) -> None:
-        if not self.name.endswith(".") or self.name != self.name.lower() or len(self.name) > 255:
-            raise ModelError(f"challenge name {self.name!r} must be absolute and lower case")
+        if not self.name.endswith(".") or self.name != self.name.lower() or not self.name.isascii():
+            raise ModelError(f"challenge name {self.name!r} must be absolute, ASCII and lower case")
+        problem = dns_name_problem(self.name)
+        if problem is not None:  # a peer's entry: the compiler would otherwise fail on it at every agent
+            raise ModelError(f"challenge name {self.name[:64]!r}... is not a DNS name: {problem}")
         if not 0 < len(self.rdata) <= 65535 or not 0 <= self.ttl < 2**31 or self.expires_at < 0:
             raise ModelError(f"challenge {self.name}: bad rdata, ttl or expiry")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from region_agent.cli.main import main as cli_main
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, Project, copy_key, project_key, region_key
 from region_agent.state.store import Entry, Store
@@ -78,6 +79,10 @@ BAD_FILES = [
     (b"regions: [1, 2]", "invalid", "regions"),
     (b"regions:\n  SFO: {}\n", "invalid", "region name"),
     (b"regions:\n  sfo1: {ipv4: [300.1.1.1]}\n", "invalid", "not an IP address"),
+    (b"regions:\n  abc" + b"1" * 58 + b": {ns_ipv4: [192.0.2.53]}\n", "invalid", "61 characters, at most 60"),
+    (b"regions:\n  sfo1: {ipv4: [0.0.0.0]}\n", "invalid", "sfo1.ipv4: 0.0.0.0 is the unspecified address"),
+    (b"regions:\n  sfo1: {ns_ipv4: [224.0.0.53]}\n", "invalid", "sfo1.ns_ipv4: 224.0.0.53 is a multicast address"),
+    (b"regions:\n  sfo1: {ns_ipv6: [ff02::1]}\n", "invalid", "sfo1.ns_ipv6: ff02::1 is a multicast address"),
     (b"regions:\n  sfo1: {ipv4: [192.0.2.1], colour: blue}\n", "invalid", "regions.sfo1.colour"),
     (b"regions: {ams1: {}}\nprojects:\n  shop: {regions: [sfo1]}\n", "invalid", "unknown region(s) sfo1"),
     (b"regions: {sfo1: {}}\nprojects:\n  shop: {regions: [sfo1], mode: fastest}\n", "invalid", "projects.shop.mode"),
@@ -111,6 +116,15 @@ def test_bad_files_are_refused_naming_the_problem(tmp_path: Path, content: bytes
     assert message in str(caught.value)
     assert str(path) in str(caught.value)
     assert caught.value.reason == reason
+
+
+def test_check_config_refuses_a_region_too_long_for_a_dns_name_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    zone = tmp_path / "zone.yaml"
+    zone.write_bytes(b"regions:\n  abc" + b"1" * 58 + b": {ipv4: [192.0.2.1], ns_ipv4: [192.0.2.53]}\n")
+    assert cli_main(["check-config", "--zone-file", str(zone)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "at most 60" in lines[0] and str(zone) in lines[0]
 
 
 def test_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
