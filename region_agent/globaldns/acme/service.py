@@ -128,9 +128,9 @@ class AcmeUpdates:
             if known and not self.budgets.take_unverified():
                 return self._limited("unverified", data)
             return self._tsig_failed(verified, source)
-        refusal = self._admit(verified, source)
+        refusal = self._admit(verified, data, source)
         if refusal is not None:
-            return refusal if refusal else self._limited("unverified", data)
+            return refusal
         if opcode == dns.opcode.QUERY:
             if where is None:  # dnspython read it but the walk did not: nothing to strip the TSIG from
                 return _header_only(data, dns.rcode.FORMERR)
@@ -144,16 +144,16 @@ class AcmeUpdates:
                        verified.message.keyname)
         return respond(verified, dns.rcode.NOTAUTH)
 
-    def _admit(self, verified: Verified, source: str | None) -> bytes | None:
-        """None to go on; else the refusal (b"" when a replay found the unverified budget spent)."""
+    def _admit(self, verified: Verified, data: bytes, source: str | None) -> bytes | None:
+        """None to go on; else the refusal: a replay, a full replay cache, or a spent key or source budget."""
         message = verified.message
         assert message.keyname is not None and message.tsig is not None
         keyname = message.keyname.to_text()
         seen = self.replays.check(keyname, message.mac or b"", message.tsig[0].time_signed)
         if seen is Seen.REPLAY:
             self.metrics.replays.inc()
-            if not self.budgets.take_unverified():
-                return b""  # a replay costs what junk costs: it must not spend the key's budget
+            if not self.budgets.take_unverified():  # a replay costs what junk costs, never the key's budget
+                return self._limited("unverified", data)
             self._count(verified, "replay")
             logger.warning("%s from %s key %s refused: a replay (this MAC was taken already)", _what(verified),
                            source, keyname)

@@ -195,3 +195,14 @@ def test_unsigned_junk_past_its_budget_gets_a_bare_refused_and_signed_updates_st
     ok = responder.respond(_update_wire("add", "token"), "127.0.0.1", tcp=False)
     assert ok is not None and dns.message.from_wire(ok, keyring=False).rcode() == dns.rcode.NOERROR
     assert acme.store.challenges
+
+
+def test_replays_spend_the_unverified_budget_not_the_keys() -> None:
+    _, responder, registry = _acme(updates_per_second=0.001, burst=2)
+    captured = _update_wire("add", "token")
+    answers = [responder.respond(captured, "127.0.0.1", tcp=False) for _ in range(4)]
+    sizes = [len(a) if a is not None else 0 for a in answers]
+    assert sizes[1] > 12 and sizes[2] > 12 and sizes[3] == 12  # signed REFUSED twice, then the bare one
+    assert _sample(registry, "region_agent_dns_tsig_replays_total") == 3
+    ok = responder.respond(_update_wire("add", "other"), "127.0.0.1", tcp=False)  # the key's budget is untouched
+    assert ok is not None and dns.message.from_wire(ok, keyring=False).rcode() == dns.rcode.NOERROR
