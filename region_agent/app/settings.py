@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from region_agent.app.listeners import conflicts, planned_listeners
 from region_agent.base.names import region_name
 from region_agent.checks.settings import ChecksSettings
 from region_agent.cluster.settings import ClusterSettings
@@ -106,6 +107,14 @@ class AgentSettings(BaseSettings):
             raise ValueError("cluster.role witness needs gossip.enabled: a witness only votes in a cluster")
         return self
 
+    @model_validator(mode="after")
+    def _listeners_apart(self) -> AgentSettings:
+        found = conflicts(planned_listeners(self))
+        if found:
+            more = f" (and {len(found) - 1} more conflicts)" if len(found) > 1 else ""
+            raise ValueError(f"listener conflict: {found[0]}{more}")
+        return self
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, value: str) -> str:
@@ -170,11 +179,15 @@ def load_settings(config: Path | None = None, **overrides: Any) -> AgentSettings
     except PydanticSettingsError as exc:  # an environment value that is not JSON where JSON is due
         raise SettingsError(f"invalid settings: {exc}: {_env_hint(str(exc))}") from None
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "settings"
-            lines.append(f"  {where}: {error['msg']}")
-        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+        lines = [_error_line(error) for error in exc.errors()]
+        if len(lines) == 1:  # one problem, one line
+            raise SettingsError(f"invalid settings: {lines[0]}") from None
+        raise SettingsError("invalid settings:\n" + "\n".join(f"  {line}" for line in lines)) from None
+
+
+def _error_line(error: Any) -> str:
+    where = ".".join(str(part) for part in error["loc"]) or "settings"
+    return f"{where}: {error['msg']}"
 
 
 def reread_geoip_settings() -> tuple[GeoipSettings, Path | None]:

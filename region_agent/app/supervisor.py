@@ -2,7 +2,8 @@
 
 Start order: state (zone file, snapshot) → gossip (the port bound; joining runs in the
 background) → DNS (tables compiled before the sockets open, so no query ever sees an empty zone)
-→ health listener → Kubernetes watches and health checks → the loops that connect them. A stop
+→ health listener → Kubernetes watches and health checks → the loops that connect them (gossip's
+among them: no loop runs before every port is bound, so a start that fails ends at once). A stop
 (SIGTERM, SIGINT) drains (``/readyz`` 503 while DNS answers), cancels the loops and closes
 sockets in reverse order within the shutdown budget; a second signal cuts the drain short.
 SIGHUP re-reads the zone file and the GeoIP source.
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("region_agent.supervisor")
 VERSION = "0.1.0"
+FAILED_START_BUDGET = 1.0  # seconds the loops of a start that failed get to stop (they served nothing)
 Runner = Callable[[], Coroutine[Any, Any, Any]]
 
 
@@ -130,7 +132,7 @@ class Agent:
         self.missing_regions = MissingRegions(self.store, self.registry)
         self.problems_registry.register(
             self.tasks, self.checker, self.missing_regions, None if self.zone_file is None else self.zone_file.watcher,
-            self.reachability, self.dns.geoip, self.state_file, self.dns.tsig_keys, token)
+            self.reachability, self.dns, self.dns.geoip, self.state_file, self.dns.tsig_keys, token)
         self.store.subscribe(self._on_state_change)
 
     def _on_state_change(self, changes: list[Entry]) -> None:
@@ -192,6 +194,10 @@ class Agent:
         if not self.witness:  # a witness serves no DNS and no copies: it only votes
             await self.dns.start()
         await self.health.start()
+        # Every port is bound: only now the loops, so a start that fails has none to wait for.
+        if self.cluster is not None:
+            for name, factory in self.cluster.runners().items():
+                self._spawn(factory, name)
         self.views.publish()
         if self.settings.kubernetes:
             await self._start_kube()
@@ -217,7 +223,7 @@ class Agent:
         gc.freeze()
 
     async def _start_cluster(self) -> None:
-        """Bind the gossip port, then join and sync in the background (the zone is served meanwhile)."""
+        """Bind the gossip port; joining and syncing run in the background once every port is bound."""
         cluster = self.cluster = ClusterParts(self.settings, store=self.store, observations=self.observations,
                                               registry=self.registry, user_agent=f"region-agent/{VERSION}")
         await cluster.start()
@@ -227,8 +233,6 @@ class Agent:
         self.views.cluster = cluster
         cluster.pull_listeners.append(self._on_pull_only)
         self.problems_registry.register(cluster)
-        for name, factory in cluster.runners().items():
-            self._spawn(factory, name)
 
     async def _start_kube(self) -> None:
         from region_agent.kube.client import build_api_client
@@ -329,6 +333,20 @@ class Agent:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drain_cut.wait(), seconds)
 
+    async def abort_start(self) -> None:
+        """Undo a start that failed: nothing was served, so nothing drains, checkpoints or says goodbye."""
+        await self.tasks.stop(budget=FAILED_START_BUDGET)
+        if self.cluster is not None:
+            node = getattr(self.cluster, "node", None)  # absent when the cluster failed before binding
+            if node is not None and node.membership is not None:
+                node.membership.stop()  # silent: a node that never joined has nobody to tell it leaves
+            await self.cluster.stop()
+        with contextlib.suppress(Exception):
+            await self.health.stop()
+        await self.dns.stop()
+        if self._kube_api is not None:
+            await self._kube_api.close()
+
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT, stop."""
         loop = asyncio.get_running_loop()
@@ -336,12 +354,18 @@ class Agent:
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         try:
-            await self.start()
-            await self._stop.wait()
-            await self._drain()
-            logger.info("stopping")
+            try:
+                await self.start()
+            except BaseException:
+                await self.abort_start()
+                raise
+            try:
+                await self._stop.wait()
+                await self._drain()
+                logger.info("stopping")
+            finally:
+                await self.stop()
         finally:
-            await self.stop()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 

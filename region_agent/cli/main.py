@@ -1,6 +1,6 @@
 """``region-agent``: run the agent, its health sidecar, the demo, or inspect a running agent.
 
-Exit codes: 0 done, 1 runtime failure, 2 bad settings or arguments (a DNS port in use included).
+Exit codes: 0 done, 1 runtime failure, 2 bad settings or arguments (a port in use included: one line).
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from region_agent.app.preflight import check_files
 from region_agent.app.settings import AgentSettings, SettingsError, load_settings
 from region_agent.base.logs import setup_logging
 from region_agent.cli.operator_client import CliError, fetch_json
 from region_agent.globaldns.acme.tsig import TsigConfigError
 from region_agent.globaldns.server import BindError
+from region_agent.health.listener import ListenError
 from region_agent.zonefile.watcher import ZoneFileError
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "agent.yaml"
@@ -47,6 +49,7 @@ async def _run_agent(settings: AgentSettings) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    check_files(settings)  # what check-config checks, before anything binds
     setup_logging(region=settings.region, level=settings.log_level)
     return _run(_run_agent(settings))
 
@@ -187,14 +190,29 @@ def format_geoip(geoip: dict[str, Any] | None, reachable: dict[str, Any] | None)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """The checks ``run`` makes short of binding and the network; the settings printed, secrets hidden."""
     settings = _settings(args)
+    check_files(settings)
     if settings.zone_file is not None:
         from region_agent.zonefile.watcher import read_zone_file
 
         data = read_zone_file(settings.zone_file, settings.zone_file_max_bytes)
         print(f"zone file {settings.zone_file}: {len(data.regions)} regions, {len(data.projects)} projects")
-    print(json.dumps(settings.model_dump(mode="json"), indent=2, default=str))
+    print(json.dumps(redacted(settings.model_dump(mode="json")), indent=2, default=str))
     return 0
+
+
+SECRET_KEYS = frozenset(("secret", "token", "password"))  # setting names whose values are secrets
+HIDDEN = "**********"  # as pydantic shows a SecretStr
+
+
+def redacted(data: Any) -> Any:
+    """``data`` with the value of every secret-named key hidden (inline TSIG secrets, inline tokens)."""
+    if isinstance(data, dict):
+        return {k: HIDDEN if k in SECRET_KEYS and v is not None else redacted(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redacted(v) for v in data]
+    return data
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,12 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    # BindError: a DNS port in use, an address not ours; TsigConfigError: an unusable TSIG key
-    except (SettingsError, ZoneFileError, BindError, TsigConfigError) as exc:
+    # BindError, ListenError: a DNS or health port in use, an address not ours; TsigConfigError: an unusable TSIG key
+    except (SettingsError, ZoneFileError, BindError, ListenError, TsigConfigError) as exc:
         print(f"region-agent: {exc}", file=sys.stderr)
         return 2
-
-
 
 
 if __name__ == "__main__":

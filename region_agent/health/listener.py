@@ -53,7 +53,7 @@ from region_agent.health.source import ViewSource, as_source
 from region_agent.health.views import Answer, CopyCounts
 from region_agent.state.local import RegionView
 
-__all__ = ["HealthListener", "Role"]
+__all__ = ["HealthListener", "ListenError", "Role"]
 
 
 class Role(enum.StrEnum):
@@ -71,6 +71,28 @@ _OPEN_KINDS = frozenset(("livez", "readyz"))  # kubelet probes carry no token
 _FAMILY_MISSING = {errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT}
 # Accept errors: one log line per episode, and at most one per this many seconds over episodes.
 _ACCEPT_LOG_INTERVAL = 10.0
+_BIND_REASONS = {
+    errno.EADDRINUSE: "address already in use (another process holds this port)",
+    errno.EADDRNOTAVAIL: "address not available on this host",
+    errno.EACCES: "permission denied (ports below 1024 need CAP_NET_BIND_SERVICE)",
+}
+
+
+class ListenError(OSError):
+    """An address, port or socket a health listener could not bind: a start-up error naming the setting
+    (the CLI prints it as one line and exits 2)."""
+
+    def __init__(self, setting: str, address: str, error: OSError | None, *, also: str | None = None) -> None:
+        super().__init__(None if error is None else error.errno, None if error is None else error.strerror)
+        self.setting = setting
+        self.address = address
+        self.also = also
+        self.reason = ("could bind none of these addresses (this host lacks their families)" if error is None
+                       else _BIND_REASONS.get(error.errno or 0, (error.strerror or str(error)).lower()))
+
+    def __str__(self) -> str:
+        also = f"; see also {self.also}" if self.also else ""
+        return f"{self.setting}: can not listen on {self.address}: {self.reason}{also}"
 
 
 class HealthListener:
@@ -116,6 +138,7 @@ class HealthListener:
         self._source = as_source(source)
         self._settings = settings
         self._hosts = settings.operator_listen_addresses if operator else settings.listen_addresses
+        self._port_override = port
         self._port = port if port is not None else (settings.operator_port if operator else settings.port)
         self._clock = clock or SystemClock()
         self._wall = self._clock.wall
@@ -175,8 +198,6 @@ class HealthListener:
     async def _bind_all(self, runner: web.ServerRunner) -> None:
         skipped: list[str] = []
         settings = self._settings
-        names = ("health.operator_listen_addresses", "health.operator_port") if self._operator \
-            else ("health.listen_addresses", "health.port")
         for host in self._hosts:
             site = GuardedSite(runner, host, self._port, backlog=1024,
                                on_error=self._accept_failed, on_recovered=self._accept_recovered)
@@ -190,14 +211,23 @@ class HealthListener:
                     )
                     skipped.append(host)
                     continue
-                raise OSError(
-                    exc.errno,
-                    f"health listener ({self.role.value}) can not listen on [{host}]:{self._port}: "
-                    f"{exc.strerror} (settings {names[0]}, {names[1]})",
-                ) from exc
+                raise self._listen_error(host, exc) from exc
         if len(skipped) == len(self._hosts):
-            raise OSError(f"health listener ({self.role.value}) could bind none of {list(self._hosts)} "
-                          f"(setting {names[0]})")
+            raise self._listen_error(" ".join(self._hosts), None)
+
+    def _listen_error(self, host: str, exc: OSError | None) -> ListenError:
+        addresses, port = self._setting_names()
+        address_problem = exc is None or exc.errno in _FAMILY_MISSING
+        setting, also = (addresses, port) if address_problem else (port, addresses)
+        return ListenError(setting, f"{host} port {self._port}/tcp", exc, also=also)
+
+    def _setting_names(self) -> tuple[str, str]:
+        """The (addresses, port) settings this listener binds, for an error that names them."""
+        if not self._operator:
+            return "health.listen_addresses", "health.port"
+        # Only the sidecar gives an operator listener a port of its own.
+        port = "health.operator_port" if self._port_override is None else "health.sidecar_operator_port"
+        return "health.operator_listen_addresses", port
 
     def _warn_if_descriptors_short(self) -> None:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)

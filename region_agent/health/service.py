@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from region_agent.base.clock import Clock
 from region_agent.health.feed import FeedPublisher
-from region_agent.health.listener import HealthListener, Role
+from region_agent.health.listener import HealthListener, ListenError, Role
 from region_agent.health.metrics import ListenerMetrics, ViewCollector
 from region_agent.health.operator import Document
 from region_agent.health.settings import HealthMode, HealthSettings
@@ -78,10 +78,17 @@ class HealthService:
             if self.listener is not None:
                 await self.listener.start()
             if self.publisher is not None:
-                await self.publisher.start()
+                await self._start_feed(self.publisher)
         except BaseException:
             await self.stop()
             raise
+
+    async def _start_feed(self, publisher: FeedPublisher) -> None:
+        try:
+            await publisher.start()
+        except OSError as exc:  # a directory not writable, a path that is a directory: name the setting
+            raise ListenError("health.feed_socket", str(self.settings.feed_socket), exc,
+                              also="health.mode") from exc
 
     async def stop(self) -> None:
         if self.publisher is not None:

@@ -379,7 +379,7 @@ def _file_content(key: str) -> str:
     if key == "keyring_file":
         return f'{{"primary": "{SECRET}", "keys": ["{SECRET}"]}}\n'
     if key == "tsig_keys_file":
-        return f"acme-key: {{algorithm: hmac-sha256, secret: {SECRET}}}\n"
+        return f"file-key: {{algorithm: hmac-sha256, secret: {SECRET}}}\n"  # not a name the example has inline
     return ""
 
 
