@@ -11,16 +11,29 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from region_agent.base.names import InvalidNameError, project_slug, region_name
-from region_agent.state.model import AllDownPolicy, Fence, Mode, ModelError, PartitionPolicy, Project, Region
+from region_agent.state.model import (
+    AllDownPolicy,
+    Fence,
+    Mode,
+    ModelError,
+    PartitionPolicy,
+    Project,
+    Region,
+    address_problem,
+)
 
-__all__ = ["ApiError", "parse_body", "parse_fence", "parse_project", "parse_region", "path_region", "path_slug"]
+__all__ = ["MAX_JSON_DEPTH", "ApiError", "json_depth", "parse_body", "parse_fence", "parse_project", "parse_region",
+           "path_region", "path_slug"]
 
 MAX_ADDRESSES = 64  # per address list of a region
 MAX_REGIONS = 64  # per project
+# Our bodies nest two deep (an object of lists); the bound keeps json's recursion far from Python's limit.
+MAX_JSON_DEPTH = 16
 
 
 class ApiError(Exception):
@@ -39,11 +52,14 @@ class ApiError(Exception):
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object (an empty body is an empty object)."""
+    """The body as a JSON object (an empty body is an empty object); nested deeper than
+    :data:`MAX_JSON_DEPTH` or with a key given twice in one object is refused (400)."""
     if not raw.strip():
         return {}
+    if json_depth(raw, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"the body nests arrays or objects more than {MAX_JSON_DEPTH} deep", "$")
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
+        data = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}", "$") from None
     if not isinstance(data, dict):
@@ -53,6 +69,37 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(raw: bytes, *, stop_above: int | None = None) -> int:
+    """How deep arrays and objects nest in ``raw``, counted without parsing (so without recursion):
+    strings removed, then the brackets left; once past ``stop_above`` the count stops there.
+    Malformed input gets some count; the parser refuses it."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    depth = deepest = 0
+    for byte in brackets:
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if stop_above is not None and deepest > stop_above:
+                break
+        else:
+            depth -= 1
+    return deepest
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all different (json's default keeps the last silently)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ApiError(400, f"the key {key!r} is given twice in one object", "$")
+        data[key] = value
+    return data
 
 
 def _json_type(value: object) -> str:
@@ -184,6 +231,9 @@ def parse_region(name: str, data: Mapping[str, Any]) -> Region:
                 raise ApiError(422, f"{raw!r} is not an IP address", field) from None
             if address.version != version:
                 raise ApiError(422, f"{raw} is not an IPv{version} address", field)
+            problem = address_problem(address)
+            if problem is not None:
+                raise ApiError(422, f"{raw} {problem}: {key} must be unicast addresses clients can reach", field)
             out.append(str(address))
         lists[key] = tuple(out)
     location: dict[str, float | None] = {}

@@ -195,6 +195,18 @@ BAD: list[tuple[str, str, object, bytes | None, dict[str, str], int, str]] = [
     ("PUT", "/v1/regions/lax1", None, b'{"latitude": NaN, "longitude": 0}', {"Content-Type": "application/json"},
      400, "$"),
     ("PUT", "/v1/regions/lax1", {"name": "sfo1"}, None, {}, 422, "$.name"),
+    ("PUT", "/v1/regions/lax1", None, b"[" * 1000 + b"]" * 1000, {"Content-Type": "application/json"}, 400, "$"),
+    ("PUT", "/v1/regions/lax1", None, b'{"ipv4": ' + b"[" * 17 + b"]" * 17 + b"}",
+     {"Content-Type": "application/json"}, 400, "$"),
+    ("PUT", "/v1/projects/shop", None, b'{"regions": ["sfo1"], "regions": ["ams1"]}',
+     {"Content-Type": "application/json"}, 400, "$"),
+    ("PUT", "/v1/regions/lax1", {"ipv4": ["0.0.0.0"]}, None, {}, 422, "$.ipv4[0]"),
+    ("PUT", "/v1/regions/lax1", {"ipv4": ["192.0.2.1", "255.255.255.255"]}, None, {}, 422, "$.ipv4[1]"),
+    ("PUT", "/v1/regions/lax1", {"ipv4": ["169.254.0.1"]}, None, {}, 422, "$.ipv4[0]"),
+    ("PUT", "/v1/regions/lax1", {"ipv6": ["::"]}, None, {}, 422, "$.ipv6[0]"),
+    ("PUT", "/v1/regions/lax1", {"ns_ipv4": ["224.0.0.1"]}, None, {}, 422, "$.ns_ipv4[0]"),
+    ("PUT", "/v1/regions/lax1", {"ns_ipv6": ["ff02::1"]}, None, {}, 422, "$.ns_ipv6[0]"),
+    ("PUT", "/v1/regions/" + "lax" + "1" * 58, {}, None, {}, 422, "path.name"),
     ("PUT", "/v1/regions/lax1", {"location": "LA"}, None, {}, 422, "$.location"),
     ("POST", "/v1/regions/sfo1/fence", {"reason": 5}, None, {}, 422, "$.reason"),
     ("POST", "/v1/regions/sfo1/fence", {"reason": "x" * 300}, None, {}, 422, "$.reason"),
@@ -302,6 +314,13 @@ async def test_regions_round_trip_and_delete(client: Client, cluster: Cluster) -
     assert (await _call(client, "DELETE", "/v1/regions/ams1"))[0] == 204
     assert "ams1" not in cluster.store.regions
     assert cluster.store.entry(("region", "sfo1")).version.writer == "control/sfo1.n1"  # type: ignore[union-attr]
+
+
+async def test_loopback_addresses_stay_accepted(client: Client, cluster: Cluster) -> None:
+    """The laptop demo and the process tests run every region on 127.0.0.x."""
+    body = {"ipv4": ["127.0.0.2"], "ipv6": ["::1"], "ns_ipv4": ["127.0.0.53"]}
+    assert (await _call(client, "PUT", "/v1/regions/lax1", body))[0] == 201
+    assert cluster.store.regions["lax1"].ns_ipv4 == ("127.0.0.53",)
 
 
 async def test_fence_and_unfence(client: Client, cluster: Cluster) -> None:
