@@ -108,7 +108,7 @@ class ClusterParts:
         self.membership: Membership = node.membership
         self.anti_entropy: AntiEntropy = node.anti_entropy
         self.keyring_watcher = KeyringWatcher(g.keyring_file, keyring)
-        register(node, self.registry, self.keyring_watcher)
+        register(node, self.registry, self.keyring_watcher, regions=self.store.regions.keys)
         c, checks = self.settings.cluster, self.settings.checks
         self.observer = ClusterObserver(
             region=self.settings.region, settings=c, quorum=self.quorum, store=self.store, members=node.members,
@@ -127,6 +127,7 @@ class ClusterParts:
         max_offset = self.settings.cluster.max_clock_offset
         self.store.clock.max_drift_ms = int((3 * max_offset + 1) * 1000)
         self._clock_gauges()
+        self._certificate_gauges()
         self.observer.listeners.append(self.answers.request)
         self.answers.listeners.append(self._view_changed)
         node.user_handlers.append(self.replica.user_message)
@@ -293,6 +294,19 @@ class ClusterParts:
         outlier = Gauge("region_agent_clock_outlier", "1 while this agent's clock (or its HLC) is off its peers' "
                         "beyond cluster.max_clock_offset: it refuses writes", registry=self.registry)
         outlier.set_function(lambda: 0.0 if self.clock().ok else 1.0)
+
+    def _certificate_gauges(self) -> None:
+        """When this agent's gossip certificate and the CA certificates it trusts expire (the TLS files are
+        re-read when they change, so a rotated certificate moves the gauge)."""
+        tls = self.tls
+        if tls is None:
+            return
+        expiry = Gauge("region_agent_certificate_expiry_timestamp_seconds", "When a certificate this agent uses "
+                       "expires (unix time): certificate=gossip (its identity), ca (the earliest trusted CA)",
+                       ["certificate"], registry=self.registry)
+        expiry.labels("gossip").set_function(lambda: tls.not_after.timestamp())  # noqa: PLW0108 (re-read: a reload)
+        expiry.labels("ca").set_function(
+            lambda: min((ca.not_valid_after_utc.timestamp() for ca in tls.authorities), default=float("nan")))
 
     async def recover_clock(self) -> None:
         """Once the wall clock is right again, drop what this agent wrote during a forward jump (no peer took

@@ -42,13 +42,16 @@ def test_promtool_accepts_the_rules() -> None:
 
 @pytest.mark.external
 @needs_promtool
-def test_promtool_unit_tests_of_every_alert_pass() -> None:
-    result = _promtool("test", "rules", "alerts_test.yaml")
+@pytest.mark.parametrize("tests", ["alerts_test.yaml", "recorded_test.yaml"])
+def test_promtool_unit_tests_of_every_alert_pass(tests: str) -> None:
+    """recorded_test.yaml: series recorded from real agents (tests/e2e/test_alert_recordings.py)."""
+    result = _promtool("test", "rules", tests)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_alert_has_a_unit_test_that_expects_it_to_fire() -> None:
-    tests = yaml.safe_load((RULES / "alerts_test.yaml").read_text())["tests"]
+    tests = [test for name in ("alerts_test.yaml", "recorded_test.yaml")
+             for test in yaml.safe_load((RULES / name).read_text())["tests"]]
     fired = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
     quiet = {case["alertname"] for test in tests for case in test["alert_rule_test"] if not case["exp_alerts"]}
     assert fired == set(ALERTS)
@@ -64,7 +67,11 @@ def _source_metric_names() -> set[str]:
         # the usage metrics are built as p + "name" with p = "region_agent_usage_"
         if 'p = "region_agent_usage_"' in text:
             names.update("region_agent_usage_" + n for n in re.findall(r'\(p \+ "([a-z_]+)"', text))
-    return names | {n + "_total" for n in names}
+    names |= {n + "_total" for n in names}
+    # and what real agents were seen exporting (built names too: region_agent_gossip_{name})
+    for test in yaml.safe_load((RULES / "recorded_test.yaml").read_text())["tests"]:
+        names.update(row["series"].split("{")[0] for row in test["input_series"])
+    return names
 
 
 def test_the_rules_use_metrics_the_agent_exports() -> None:
