@@ -39,6 +39,7 @@ class UpdateLimits:
     max_value_length: int = 512  # bytes of one TXT rdata; a challenge digest is 43
     max_per_name: int = 16  # values at one name (a wildcard and its apex share a name: 2)
     max_total: int = 1024  # challenge records in the zone
+    max_ttl: int = 86_400  # seconds; ACME clients ask 10-120 (a TTL of 2^31 or more broke the store's check)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,8 @@ def plan_update(message: dns.message.Message, apex: dns.name.Name, records: Reco
         name = _name(rrset.name)
         deleting = getattr(rrset, "deleting", None)
         if deleting is None:
+            if not 0 <= rrset.ttl <= limits.max_ttl:
+                return _refuse(dns.rcode.REFUSED, "over-limit")
             values = after.setdefault(name, {})
             for rdata in rrset:
                 wire = rdata.to_wire()

@@ -119,6 +119,19 @@ def test_limits_refuse_the_whole_update(limits: dict[str, int], count: int, size
     assert (plan.rcode, plan.reason, plan.changes) == (dns.rcode.REFUSED, "over-limit", 0)
 
 
+@pytest.mark.parametrize("ttl", [86_401, 2**31 - 1])
+def test_a_ttl_beyond_a_day_is_refused_and_changes_nothing(ttl: int) -> None:
+    """Any TTL up to 2^31-1 was taken (a challenge cached for 68 years); 2^31 and above is read as 0 on the
+    wire (RFC 2181 §8), which is in bounds."""
+    update = _update()
+    update.add(CHALLENGE, ttl, "TXT", '"k"')
+    plan = plan_update(_parsed(update), APEX, {})
+    assert (plan.rcode, plan.reason, plan.changes) == (dns.rcode.REFUSED, "over-limit", 0)
+    update = _update()
+    update.add(CHALLENGE, 86_400, "TXT", '"k"')
+    assert plan_update(_parsed(update), APEX, {}).rcode == dns.rcode.NOERROR
+
+
 def test_prerequisites_of_every_class() -> None:
     records = {CHALLENGE: {_txt("a"): 60}}
     facts = ZoneFacts(lambda name: name == "shop.g.example.com.", lambda name, rdtype: frozenset({b"x"})
