@@ -2,7 +2,7 @@
 
 =================================================  ===============================================
 ``keys generate``                                  print a new gossip key (base64 of 32 bytes)
-``keys list --file F``                             the keys in a keyring file, the primary marked
+``keys list --file F``                             the keys of a keyring file, fingerprints, primary
 ``keys install KEY --file F``                      accept KEY too (rotation step 1)
 ``keys use KEY --file F``                          send with KEY (step 2; KEY must be installed)
 ``keys remove KEY --file F``                       stop accepting KEY (step 3; not the primary)
@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from region_agent.base.identity import IdentityError, identity_urn
-from region_agent.gossip.keyfile import KeyringFileError, load_keyring, save_keyring
+from region_agent.gossip.keyfile import KeyringFileError, fingerprint, load_keyring, save_keyring
 from region_agent.gossip.keyring import KeyOperationError, Keyring, encode_key, generate_key, parse_key
 
 KEYRING_FILE = "keyring.json"
@@ -270,12 +270,14 @@ def edit_keyring(path: Path, action: str, key_text: str) -> str:
 
 
 def list_keyring(path: Path) -> list[str]:
+    """One line per key, primary first: the key, its fingerprint (the name the agents' logs give it,
+    "gossip keyring from ...: installed <fingerprint>") and ``(primary)``."""
     try:
         keyring = load_keyring(path)
     except KeyringFileError as exc:
         raise KeysError(str(exc)) from None
     installed = keyring.keys()
-    return [f"{encode_key(k)}{'  (primary)' if k == keyring.primary else ''}" for k in installed]
+    return [f"{encode_key(k)}  {fingerprint(k)}{'  (primary)' if k == keyring.primary else ''}" for k in installed]
 
 
 # --- the command ----------------------------------------------------------------------------------
@@ -306,7 +308,8 @@ def add_keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     keys.set_defaults(func=cmd_keys)
     cmds = keys.add_subparsers(dest="keys_command", required=True)
     cmds.add_parser("generate", help="print a new gossip key (base64)")
-    listing = cmds.add_parser("list", help="the keys of a keyring file, the primary marked")
+    listing = cmds.add_parser("list", help="the keys of a keyring file with their fingerprints (as the agents "
+                              "log them), the primary marked")
     listing.add_argument("--file", required=True, help="the keyring file (JSON)")
     for action, text in (("install", "accept KEY too (rotation step 1, on every agent)"),
                          ("use", "encrypt with KEY (step 2; KEY must be installed)"),

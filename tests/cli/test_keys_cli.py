@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from region_agent.cli.main import main
-from region_agent.gossip.keyfile import load_keyring
-from region_agent.gossip.keyring import encode_key
+from region_agent.gossip.keyfile import fingerprint, load_keyring
+from region_agent.gossip.keyring import encode_key, parse_key
 from region_agent.gossip.tls import GossipTls
 
 NEW = encode_key(b"n" * 32)
@@ -49,14 +49,17 @@ def test_init_then_rotate_the_keyring_file(tmp_path: Path, capsys: pytest.Captur
     old = encode_key(load_keyring(keyring_file).primary)
     file = ["--file", str(keyring_file)]
 
-    assert run(capsys, "list", *file)[1].splitlines() == [f"{old}  (primary)"]
+    def shown(key: str) -> str:  # a key as `keys list` prints it: with the fingerprint the agents log
+        return f"{key}  {fingerprint(parse_key(key))}"
+
+    assert run(capsys, "list", *file)[1].splitlines() == [f"{shown(old)}  (primary)"]
     assert run(capsys, "install", NEW, *file)[0] == 0
     assert "already installed" in run(capsys, "install", NEW, *file)[1]
-    assert run(capsys, "list", *file)[1].splitlines() == [f"{old}  (primary)", NEW]
+    assert run(capsys, "list", *file)[1].splitlines() == [f"{shown(old)}  (primary)", shown(NEW)]
     assert run(capsys, "use", NEW, *file)[0] == 0
-    assert run(capsys, "list", *file)[1].splitlines() == [f"{NEW}  (primary)", old]
+    assert run(capsys, "list", *file)[1].splitlines() == [f"{shown(NEW)}  (primary)", shown(old)]
     assert run(capsys, "remove", old, *file)[0] == 0
-    assert run(capsys, "list", *file)[1].splitlines() == [f"{NEW}  (primary)"]
+    assert run(capsys, "list", *file)[1].splitlines() == [f"{shown(NEW)}  (primary)"]
     assert stat.S_IMODE(keyring_file.stat().st_mode) == 0o600
 
 
