@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics
 
 from region_agent.app.cluster import ClusterParts
 from region_agent.app.consistency import MissingRegions
@@ -39,8 +39,9 @@ from region_agent.app.region_view import RegionViews, ZoneDocument
 from region_agent.app.settings import AgentSettings, mass_removal_allowed, reread_geoip_settings
 from region_agent.app.zone_source import ZoneFileSource
 from region_agent.base.bearer import BearerToken
-from region_agent.base.problems import Problems
+from region_agent.base.problems import Problems, ProblemsCollector
 from region_agent.base.tasks import TaskSupervisor
+from region_agent.base.tracing import start_from_env
 from region_agent.checks.checker import Checker, StoreCopies
 from region_agent.control import PREFIX as CONTROL_PREFIX
 from region_agent.control import ControlAPI
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("region_agent.supervisor")
 VERSION = "0.1.0"
+disable_created_metrics()  # type: ignore[no-untyped-call]  # a *_created series per counter is noise on every scrape (75 of ~500 lines)
 FAILED_START_BUDGET = 1.0  # seconds the loops of a start that failed get to stop (they served nothing)
 Runner = Callable[[], Coroutine[Any, Any, Any]]
 
@@ -73,6 +75,9 @@ class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
+        # OTLP traces when the OTEL_* environment asks; before the listeners and the control API that record them.
+        self.tracing = start_from_env(region=settings.region, node=settings.node, version=VERSION,
+                                      registry=self.registry)
         self.store = Store(writer=settings.writer_id, clock=HybridClock(lambda: int(time.time() * 1000)),
                            registry=self.registry)
         in_cluster = settings.gossip.enabled
@@ -110,6 +115,10 @@ class Agent:
         self.ready = asyncio.Event()
         self.tasks = TaskSupervisor(self.registry)
         self.problems_registry = Problems()
+        self.registry.register(ProblemsCollector(self.problems_registry))
+        Gauge("region_agent_build_info", "1, labelled with this agent's version, zone, region and role",
+              ["version", "zone", "region", "role"], registry=self.registry).labels(
+            VERSION, settings.dns.zone, settings.region, settings.cluster.role).set(1)
         self._stop = asyncio.Event()
         self._drain_cut = asyncio.Event()
         self.zone_document = ZoneDocument(zone=settings.dns.zone, store=self.store, dns=self.dns, ready=self.ready)
@@ -317,6 +326,8 @@ class Agent:
         await self.dns.stop()
         if self._kube_api is not None:
             await self._kube_api.close()
+        if self.tracing is not None:
+            await self.tracing.shutdown()  # bounded: a dead collector does not hold up the stop
 
     def request_stop(self) -> None:
         if self._stop.is_set():
@@ -346,6 +357,8 @@ class Agent:
         await self.dns.stop()
         if self._kube_api is not None:
             await self._kube_api.close()
+        if self.tracing is not None:
+            await self.tracing.shutdown()  # bounded: a dead collector does not hold up the stop
 
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT, stop."""

@@ -22,6 +22,7 @@ from region_agent.globaldns.acme.service import AcmeConfig, AcmeUpdates
 from region_agent.globaldns.acme.tsig_keys import TsigKeysWatcher, build_keyring, inline_keys
 from region_agent.globaldns.acme.update import UpdateLimits
 from region_agent.globaldns.answer import Responder, ResponderLimits
+from region_agent.globaldns.answer_state import AnswerStateCollector
 from region_agent.globaldns.compiler import CompileReport, ZoneBuild, ZoneConfig, compile_zone
 from region_agent.globaldns.geoip.proximity import GeoDatabase, ProximityMap, Site
 from region_agent.globaldns.geoip.source import GeoipSource
@@ -93,6 +94,7 @@ class ZoneService:
         self._latest: ZoneTables | None = None   # the newest compiled tables, installed or withheld
         self.counters = DnsCounters()
         register(self.counters, registry)
+        registry.register(AnswerStateCollector(lambda: self.holder.tables))
         self.responder = Responder(self.holder, self.counters, ResponderLimits(
             our_payload=settings.udp_payload, memo_entries=settings.response_memo_entries),
             rate_limiter(settings.rrl))
