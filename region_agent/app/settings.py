@@ -8,14 +8,15 @@ stops start-up with :class:`SettingsError`, whose message names every bad field.
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
@@ -32,6 +33,10 @@ from region_agent.kube.settings import KubeSettings
 from region_agent.usage.settings import UsageSettings
 
 CONFIG_ENV = "REGION_AGENT_CONFIG"
+ENV_PREFIX = "REGION_AGENT_"
+# REGION_AGENT_* variables the project reads that are not settings: the settings file (``--config``),
+# the e2e alert recording switch (tests/e2e/test_alert_recordings.py), the image test's base cache.
+NON_SETTINGS_ENV = frozenset((CONFIG_ENV, "REGION_AGENT_RECORD", "REGION_AGENT_IMAGE_CACHE"))
 
 
 class SettingsError(ValueError):
@@ -39,7 +44,7 @@ class SettingsError(ValueError):
 
 
 class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="REGION_AGENT_", env_nested_delimiter="__", extra="forbid",
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid",
                                       frozen=True)
 
     region: str = Field(default="lcl1", description="This agent's region, IATA code + number (sfo1).")
@@ -185,9 +190,43 @@ def load_settings(config: Path | None = None, **overrides: Any) -> AgentSettings
         raise SettingsError("invalid settings:\n" + "\n".join(f"  {line}" for line in lines)) from None
 
 
+def settings_env_names(model: type[BaseModel] = AgentSettings, prefix: str = ENV_PREFIX) -> list[str]:
+    """Every environment variable that sets a field: a group (JSON) and each field below it (``__``)."""
+    names = []
+    for name, field in model.model_fields.items():
+        names.append(f"{prefix}{name.upper()}")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            names.extend(settings_env_names(field.annotation, f"{prefix}{name.upper()}__"))
+    return names
+
+
+def unknown_env_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``REGION_AGENT_*`` variable that is no setting (pydantic-settings ignores it
+    silently, so a typo would otherwise go unnoticed), with the closest setting when there is one."""
+    environ = os.environ if environ is None else environ
+    known = set(settings_env_names())
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()  # the settings read the environment case-insensitively
+        if upper.startswith(ENV_PREFIX) and upper not in known and upper not in NON_SETTINGS_ENV:
+            lines.append(f"environment variable {name} is not a setting, ignored{_did_you_mean(upper)}")
+    return lines
+
+
+def _did_you_mean(name: str) -> str:
+    suffixes = [known.removeprefix(ENV_PREFIX) for known in settings_env_names()]
+    close = difflib.get_close_matches(name.upper().removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.75)
+    return f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+
+
 def _error_line(error: Any) -> str:
     where = ".".join(str(part) for part in error["loc"]) or "settings"
-    return f"{where}: {error['msg']}"
+    line = f"{where}: {error['msg']}"
+    if error.get("type") == "extra_forbidden":  # a typo in a group's field: name the variable behind it
+        env = ENV_PREFIX + "__".join(str(part) for part in error["loc"]).upper()
+        for name in (n for n in os.environ if n.upper() == env):
+            line += f" (from {name}{_did_you_mean(name)})"
+    return line
 
 
 def reread_geoip_settings() -> tuple[GeoipSettings, Path | None]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections.abc import Coroutine
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from region_agent.app.preflight import check_files
-from region_agent.app.settings import AgentSettings, SettingsError, load_settings
+from region_agent.app.settings import AgentSettings, SettingsError, load_settings, unknown_env_variables
 from region_agent.base.logs import setup_logging
 from region_agent.cli.operator_client import CliError, fetch_json
 from region_agent.globaldns.acme.tsig import TsigConfigError
@@ -24,6 +25,7 @@ from region_agent.health.listener import ListenError
 from region_agent.zonefile.watcher import ZoneFileError
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "agent.yaml"
+logger = logging.getLogger("region_agent.cli")
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -40,6 +42,12 @@ def _settings(args: argparse.Namespace, **overrides: Any) -> AgentSettings:
     return load_settings(Path(args.config) if args.config else None, **overrides)
 
 
+def _warn_unknown_env() -> None:
+    """One warning per ``REGION_AGENT_*`` variable that is no setting (a typo is otherwise ignored)."""
+    for line in unknown_env_variables():
+        logger.warning("%s", line)
+
+
 async def _run_agent(settings: AgentSettings) -> int:
     from region_agent.app.supervisor import Agent
 
@@ -51,6 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     check_files(settings)  # what check-config checks, before anything binds
     setup_logging(region=settings.region, level=settings.log_level)
+    _warn_unknown_env()
     return _run(_run_agent(settings))
 
 
@@ -73,6 +82,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     setup_logging(region=settings.region, level=settings.log_level)
+    _warn_unknown_env()
+
     async def sidecar() -> int:
         await run_sidecar(settings.health, region=settings.region)
         return 0
@@ -193,6 +204,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     """The checks ``run`` makes short of binding and the network; the settings printed, secrets hidden."""
     settings = _settings(args)
     check_files(settings)
+    for line in unknown_env_variables():
+        print(f"region-agent: warning: {line}", file=sys.stderr)
     if settings.zone_file is not None:
         from region_agent.zonefile.watcher import read_zone_file
 
