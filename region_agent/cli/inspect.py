@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from region_agent.cli.operator_client import CliError, fetch_json
+from region_agent.cli.operator_client import CliError, add_operator_arguments, fetch_json, operator_target
 
 
 def format_members(data: dict[str, Any], now: float | None = None) -> str:
@@ -48,8 +48,9 @@ def format_digests(data: dict[str, Any], *, all_members: bool) -> str:
 
 
 def cmd_members(args: argparse.Namespace) -> int:
+    url, token_file = operator_target(args)
     try:
-        data = fetch_json(args.url.rstrip("/") + "/v1/members", args.token_file)
+        data = fetch_json(url + "/v1/members", token_file)
     except CliError as exc:
         print(f"region-agent members: {exc}", file=sys.stderr)
         return 1
@@ -60,8 +61,9 @@ def cmd_members(args: argparse.Namespace) -> int:
 def cmd_digest(args: argparse.Namespace) -> int:
     """``zone --digest``: this agent's store digest, and with ``--all`` every member's; exit 3 when they differ,
     4 when there is no live peer to compare with (an isolated agent is not "converged")."""
+    url, token_file = operator_target(args)
     try:
-        data = fetch_json(args.url.rstrip("/") + "/v1/digests", args.token_file)
+        data = fetch_json(url + "/v1/digests", token_file)
     except CliError as exc:
         print(f"region-agent zone: {exc}", file=sys.stderr)
         return 1
@@ -79,8 +81,6 @@ def cmd_digest(args: argparse.Namespace) -> int:
 def add_members_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     members = sub.add_parser("members", help="list the gossip members a running agent sees (name, address, "
                              "region, state, RTT)")
-    members.add_argument("--url", default="http://127.0.0.1:8087",
-                         help="the agent's operator listener (health.operator_listen_addresses, operator_port)")
-    members.add_argument("--token-file", help="bearer token for the operator listener (health.operator_token_file)")
+    add_operator_arguments(members)
     members.add_argument("--json", action="store_true", help="raw JSON")
     members.set_defaults(func=cmd_members)

@@ -18,7 +18,7 @@ from typing import Any
 from region_agent.app.preflight import check_files
 from region_agent.app.settings import AgentSettings, SettingsError, load_settings, unknown_env_variables
 from region_agent.base.logs import setup_logging
-from region_agent.cli.operator_client import CliError, fetch_json
+from region_agent.cli.operator_client import CliError, add_operator_arguments, fetch_json, operator_target
 from region_agent.globaldns.acme.tsig import TsigConfigError
 from region_agent.globaldns.server import BindError
 from region_agent.health.listener import ListenError
@@ -96,9 +96,10 @@ def cmd_zone(args: argparse.Namespace) -> int:
         from region_agent.cli.inspect import cmd_digest
 
         return cmd_digest(args)
-    url = args.url.rstrip("/") + "/zone"
+    base, token_file = operator_target(args)
+    url = base + "/zone"
     try:
-        data = fetch_json(url, args.token_file)
+        data = fetch_json(url, token_file)
     except CliError as exc:
         print(f"region-agent zone: {exc}", file=sys.stderr)
         return 1
@@ -152,9 +153,10 @@ def format_zone(data: dict[str, Any]) -> str:
 
 def cmd_geoip(args: argparse.Namespace) -> int:
     """The GeoIP database and the reachability self-check of a running agent (its /health/region)."""
-    url = args.url.rstrip("/") + "/health/region"
+    base, token_file = operator_target(args)
+    url = base + "/health/region"
     try:
-        data = fetch_json(url, args.token_file)
+        data = fetch_json(url, token_file)
     except CliError as exc:
         print(f"region-agent geoip: {exc}", file=sys.stderr)
         return 1
@@ -247,9 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     health = with_config(sub.add_parser("health", help="run the health listener as a sidecar process"))
     health.set_defaults(func=cmd_health)
     zone = sub.add_parser("zone", help="print the zone a running agent answers, with each target's health")
-    zone.add_argument("--url", default="http://127.0.0.1:8087",
-                      help="the agent's operator listener (health.operator_listen_addresses, operator_port)")
-    zone.add_argument("--token-file", help="bearer token for the operator listener (health.operator_token_file)")
+    add_operator_arguments(zone)
     zone.add_argument("--json", action="store_true", help="raw JSON")
     zone.add_argument("--delegation", action="store_true",
                       help="print the NS and glue records the parent zone needs (zone-file lines)")
@@ -263,9 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_zone_import_parser(zone)  # region-agent zone import FILE
     geoip = sub.add_parser("geoip", help="show a running agent's GeoIP database and whether its name server is "
                            "reachable")
-    geoip.add_argument("--url", default="http://127.0.0.1:8087",
-                       help="the agent's operator listener (health.operator_listen_addresses, operator_port)")
-    geoip.add_argument("--token-file", help="bearer token for the operator listener (health.operator_token_file)")
+    add_operator_arguments(geoip)
     geoip.add_argument("--json", action="store_true", help="raw JSON")
     geoip.set_defaults(func=cmd_geoip)
     check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from region_agent.cli.operator_client import add_operator_arguments, operator_target
 from region_agent.state.model import Project, Region
 from region_agent.zonefile.watcher import DEFAULT_MAX_BYTES, ZoneData, ZoneFileError, read_zone_file
 
@@ -353,12 +354,12 @@ def _import(client: Client, data: ZoneData, path: Path, *, dry_run: bool, prune:
 
 
 def cmd_zone_import(args: argparse.Namespace) -> int:
-    if not getattr(args, "token_file", None):
-        print("region-agent zone import: --token-file is required (the control API needs the bearer token)",
-              file=sys.stderr)
+    url, token_file = operator_target(args)
+    if not token_file:
+        print("region-agent zone import: --token-file is required (the control API needs the bearer token; "
+              "or --config with health.operator_token_file)", file=sys.stderr)
         return 2
-    url = getattr(args, "url", None) or "http://127.0.0.1:8087"
-    return run_import(Path(args.file), url, Path(args.token_file), dry_run=args.dry_run, prune=args.prune,
+    return run_import(Path(args.file), url, Path(token_file), dry_run=args.dry_run, prune=args.prune,
                       force=args.force, retries=args.retries, max_wait=args.max_wait, timeout=args.timeout,
                       max_bytes=args.max_bytes)
 
@@ -370,10 +371,7 @@ def add_zone_import_parser(zone: argparse.ArgumentParser) -> None:
                          description=(__doc__ or "").split("\n\n")[0])
     imp.add_argument("file", metavar="FILE", help="zone file (the standalone YAML format)")
     # SUPPRESS: ``zone --url X import FILE`` keeps the X given before the subcommand.
-    imp.add_argument("--url", default=argparse.SUPPRESS,
-                     help="the agent's operator listener (default http://127.0.0.1:8087)")
-    imp.add_argument("--token-file", default=argparse.SUPPRESS,
-                     help="bearer token for the control API (the agent's health.operator_token_file); required")
+    add_operator_arguments(imp, default=argparse.SUPPRESS)
     imp.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
     imp.add_argument("--prune", action="store_true", help="delete the projects the file does not list")
     imp.add_argument("--force", action="store_true", help="with --prune: allow deleting more than half the projects")
