@@ -32,6 +32,7 @@ logger = logging.getLogger("region_agent.gossip")
 UserHandler = Callable[[User], bool]          # True when the handler took the message
 MemberListener = Callable[[MemberView, State | None], None]
 LEAVE_GRACE = 1.0   # seconds the leave broadcast gets to go out before the sockets close
+SEED_WARN_INTERVAL = 600.0   # seconds between two warnings that one seed (or seeds_dns) does not resolve
 
 
 class GossipNode:
@@ -61,6 +62,7 @@ class GossipNode:
         self.joined = asyncio.Event()      # set once another member is known
         self._rng = rng or random.Random()
         self._alone = asyncio.Event()
+        self.seed_warnings: dict[str, float] = {}   # seed that does not resolve -> monotonic time of its warning
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -112,24 +114,37 @@ class GossipNode:
             delay = min(delay * 2, self.settings.join_retry_max) if self._alone.is_set() else 0.5
 
     async def resolve_seeds(self) -> list[Address]:
-        """The configured seeds and the addresses behind ``seeds_dns``, never ourselves."""
+        """The configured seeds and the addresses behind ``seeds_dns``, never ourselves.
+
+        A seed that does not resolve is warned about once per :data:`SEED_WARN_INTERVAL` (the join
+        retries every few seconds), and one info line says when it resolves again."""
         out: list[Address] = []
         loop = asyncio.get_running_loop()
-        for host, port in self.settings.seed_list():
+
+        async def lookup(what: str, host: str, port: int) -> list[Any]:
             try:
-                infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM), 5.0)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result of a lookup
+                # that ends as the task is cancelled and drops the cancel, so a stop would wait its budget.
+                async with asyncio.timeout(5.0):
+                    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
             except (OSError, TimeoutError) as exc:
-                logger.warning("gossip: seed %s does not resolve: %s", host, exc)
-                continue
+                now = time.monotonic()
+                warned = self.seed_warnings.get(what)
+                if warned is None or now - warned >= SEED_WARN_INTERVAL:
+                    self.seed_warnings[what] = now
+                    logger.warning("gossip: %s does not resolve: %s (said again at most every %.0f min)",
+                                   what, str(exc) or "no answer within 5 s", SEED_WARN_INTERVAL / 60)
+                return []
+            if self.seed_warnings.pop(what, None) is not None:
+                logger.info("gossip: %s resolves again", what)
+            return list(infos)
+
+        for host, port in self.settings.seed_list():
+            infos = await lookup(f"seed {host}", host, port)
             out.extend(Address(str(info[4][0]), port) for info in infos[:1])
         if self.settings.seeds_dns:
-            try:
-                infos = await asyncio.wait_for(
-                    loop.getaddrinfo(self.settings.seeds_dns, self.settings.port, type=socket.SOCK_DGRAM), 5.0)
-            except (OSError, TimeoutError) as exc:
-                logger.warning("gossip: seeds_dns %s does not resolve: %s", self.settings.seeds_dns, exc)
-            else:
-                out.extend(Address(str(info[4][0]), self.settings.port) for info in infos)
+            infos = await lookup(f"seeds_dns {self.settings.seeds_dns}", self.settings.seeds_dns, self.settings.port)
+            out.extend(Address(str(info[4][0]), self.settings.port) for info in infos)
         me = self.transport.addr if self.transport is not None else None
         unique: dict[Address, None] = {}
         for addr in out:
