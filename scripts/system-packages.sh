@@ -25,6 +25,11 @@ packages+=(certbot python3-certbot-dns-rfc2136 pebble)
 [[ -x /usr/bin/certbot ]] || missing+=(certbot)
 /usr/bin/python3 -c 'import certbot_dns_rfc2136' >/dev/null 2>&1 || missing+=(python3-certbot-dns-rfc2136)
 command -v pebble >/dev/null 2>&1 || missing+=(pebble)
+# The operator status page in a real headless browser (tests/e2e/test_status_page.py): Debian's
+# chromium and its chromedriver, driven over the WebDriver protocol.
+packages+=(chromium chromium-driver)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if (( ${#missing[@]} == 0 )); then
   bash "$(dirname "$0")/../container/prepare-base.sh" || echo "system-packages: no image test cache" >&2
   exit 0

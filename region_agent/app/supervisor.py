@@ -35,8 +35,10 @@ from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics
 
 from region_agent.app.cluster import ClusterParts
 from region_agent.app.consistency import MissingRegions
+from region_agent.app.events import EventFeed, EventRing
 from region_agent.app.region_view import RegionViews, ZoneDocument
 from region_agent.app.settings import AgentSettings, mass_removal_allowed, reread_geoip_settings
+from region_agent.app.status import StatusDocument
 from region_agent.app.zone_source import ZoneFileSource
 from region_agent.base.bearer import BearerToken
 from region_agent.base.problems import Problems, ProblemsCollector
@@ -122,6 +124,12 @@ class Agent:
         self._stop = asyncio.Event()
         self._drain_cut = asyncio.Event()
         self.zone_document = ZoneDocument(zone=settings.dns.zone, store=self.store, dns=self.dns, ready=self.ready)
+        # The status page's data (/status.json): recent transitions in a bounded ring, fed from here on.
+        self.events = EventFeed(EventRing())
+        self.store.subscribe(self.events.store_changed)
+        self.status = StatusDocument(region=settings.region, node=settings.node, zone=settings.dns.zone,
+                                     store=self.store, dns=self.dns, events=self.events.ring, ready=self.ready,
+                                     cluster=lambda: self.cluster)
         # The control API on the operator listener: closed (401) without the operator token file.
         token_file = settings.health.operator_token_file
         token = BearerToken(token_file) if token_file else None
@@ -133,7 +141,8 @@ class Agent:
                                   zone=self.zone_document.describe)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": Document(self.zone_document.describe,
-                                                                 self.zone_document.generation)},
+                                                                 self.zone_document.generation),
+                                               "/status.json": Document(self.status.describe, self.status.generation)},
                                     handlers={CONTROL_PREFIX: self.control.handle})
         self.views = RegionViews(region=settings.region, zone=settings.dns.zone, store=self.store, dns=self.dns,
                                  health=self.health, problems=self.problems_registry,
@@ -237,6 +246,7 @@ class Agent:
                                               registry=self.registry, user_agent=f"region-agent/{VERSION}")
         await cluster.start()
         cluster.view_listeners.append(self.views.publish_soon)
+        self.events.follow_cluster(cluster.answers, cluster.node.member_listeners)
         if self.dns.acme is not None:
             self.dns.acme.gate = cluster.writable   # an UPDATE from a skewed clock would be refused everywhere
         self.views.cluster = cluster

@@ -19,7 +19,8 @@ Two roles (:class:`Role`):
 - ``operator`` (8087, loopback by default): the same paths with every detail, ``/metrics``
   (rendered at most once per ``metrics_cache_seconds``) and the documents it is given (the
   agent's ``/zone``, rendered once per zone generation); with ``operator_token_file`` set,
-  every path but ``/livez`` and ``/readyz`` needs ``Authorization: Bearer <token>``.
+  every path but ``/livez``, ``/readyz`` and ``/status`` (the status page's static HTML, whose data is
+  a document) needs ``Authorization: Bearer <token>``.
   ``handlers`` hands whole path prefixes to another handler (the control API under ``/v1/``),
   which then answers every method, does its own authentication and sets its own headers;
   the listener only counts (kind ``api``) and logs them.
@@ -43,7 +44,7 @@ from region_agent.base.bearer import BearerToken
 from region_agent.base.clock import Clock, SystemClock
 from region_agent.base.names import region_name
 from region_agent.base.request_ids import RequestIds
-from region_agent.health import views
+from region_agent.health import status_page, views
 from region_agent.health.access_log import LOGGER_NAME, RequestLog, TokenBucket
 from region_agent.health.connections import GuardedServer, GuardedSite, errno_name
 from region_agent.health.metrics import ListenerMetrics, RequestStats
@@ -65,7 +66,8 @@ _METHODS = frozenset(("GET", "HEAD"))
 _GLOBAL = "/global-health/"
 _GLOBAL_LEN = len(_GLOBAL)
 _PUBLIC_KINDS = {"/health/region": "region", "/livez": "livez", "/readyz": "readyz"}
-_OPERATOR_KINDS = {**_PUBLIC_KINDS, "/metrics": "metrics"}
+# /status: the status page, static bytes served without the token (its data, a document, needs it)
+_OPERATOR_KINDS = {**_PUBLIC_KINDS, "/metrics": "metrics", status_page.PATH: "document"}
 _OPEN_KINDS = frozenset(("livez", "readyz"))  # kubelet probes carry no token
 # An address family the host lacks: skip that address unless told to require all.
 _FAMILY_MISSING = {errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT}
@@ -300,7 +302,7 @@ class HealthListener:
         try:
             if method not in _METHODS:
                 answer = views.method_not_allowed(region=self._region, request_id=request_id)
-            elif (self._token is not None and kind not in _OPEN_KINDS
+            elif (self._token is not None and kind not in _OPEN_KINDS and path != status_page.PATH
                   and not self._token.accepts(headers.get("Authorization"))):
                 kind = "unauthorized"
                 answer = views.unauthorized(region=self._region, request_id=request_id)
@@ -308,6 +310,8 @@ class HealthListener:
                 assert self._metrics is not None  # operator role: built in __init__
                 answer = views.metrics(await self._metrics.get(), CONTENT_TYPE_LATEST,
                                        region=self._region, request_id=request_id)
+            elif kind == "document" and path == status_page.PATH:
+                answer = status_page.page(region=self._region, request_id=request_id)
             elif kind == "document":
                 answer = views.document(await self._documents[path].get(), region=self._region,
                                         request_id=request_id)
