@@ -154,9 +154,11 @@ class Cluster:
 
     def add(self, index: int, *, zone_file: Path | None, keyring: Path, seeds: list[str], extra: str = "",
             token_file: Path | None = None, state_file: Path | None = None, check_interval: float = 0.5,
-            check_timeout: float = 0.5) -> Agent:
+            check_timeout: float = 0.5, region: str | None = None) -> Agent:
+        """Agent ``index`` on 127.0.0.(index+1), of region ``REGIONS[index]`` unless ``region`` says (a second
+        agent of a region)."""
         host = f"127.0.0.{index + 1}"
-        region = REGIONS[index]
+        region = region or REGIONS[index]
         agent = Agent(index, region, host, free_port(), free_port(), free_port(), free_port(),
                       self.tmp / f"agent{index}.yaml", self.tmp / f"agent{index}.log")
         zone_line = f"zone_file: {zone_file}\nzone_file_poll_interval: 0.2\n" if zone_file else ""
