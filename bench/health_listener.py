@@ -125,6 +125,11 @@ async def _serve_agent(port: int, mode: str, socket_path: Path, copies: int, chu
         feed_socket=socket_path,
         operator_port=0,
     )
+    from region_agent.base.tracing import start_from_env
+
+    # Spans exported when the OTEL_* environment says so, as in the agent (off otherwise): run the bench
+    # with OTEL_EXPORTER_OTLP_ENDPOINT set to measure tracing on.
+    start_from_env(region=REGION, node="bench", version="bench")
     service = HealthService(settings, region=REGION, registry=CollectorRegistry())
     view = _view(copies)
     assert isinstance(view, RegionView)

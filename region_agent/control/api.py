@@ -46,6 +46,7 @@ from aiohttp import web
 
 from region_agent.base.bearer import BearerToken
 from region_agent.base.request_ids import RequestIds, is_valid_request_id
+from region_agent.base.tracing import request_spans
 from region_agent.cluster.members import MemberRow
 from region_agent.control.idempotency import IdempotencyCache, KeyConflictError, ReplicatedIdempotency, fingerprint
 from region_agent.control.validation import (
@@ -80,6 +81,7 @@ FALLBACK = "/v1/{rest:.*}"  # install(): the catch-all after the routes
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_RETRY_AFTER_SECONDS = 5
 _KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,255}")  # visible ASCII, like a header token
+_ORG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")  # X-Org-Id: traced only when it looks like an id
 _JSON = "application/json"
 
 
@@ -113,6 +115,11 @@ ROUTES: tuple[Route, ...] = (
 )
 _OPEN = frozenset(("openapi",))  # answered without a token
 _COMPILED = tuple((route, route.pattern) for route in ROUTES)
+
+
+def _template(path: str) -> str | None:
+    """The route a path falls under, whatever the method (a span's ``http.route``)."""
+    return next((route.template for route, pattern in _COMPILED if pattern.match(path)), None)
 
 
 def load_openapi() -> dict[str, Any]:
@@ -206,6 +213,7 @@ class ControlAPI:
         self._retry_after = retry_after_seconds
         self._allow_unauthenticated = allow_unauthenticated
         self._ids = RequestIds(region, wall=wall)
+        self._spans = request_spans("control")  # None while tracing is off
         self._openapi_body = _dumps(load_openapi())
         self._if_match: str | None = None   # of the write being handled (set and cleared around it)
         reads: dict[str, _Read] = {
@@ -239,6 +247,29 @@ class ControlAPI:
 
     async def handle(self, request: web.BaseRequest) -> web.Response:
         """Answer one request under :data:`PREFIX` (a low-level server's handler, or a route's)."""
+        spans = self._spans
+        if spans is None:
+            return await self._handle(request)
+        started = time.perf_counter()
+        status: int | None = None
+        request_id: str | None = None
+        error: str | None = None
+        try:
+            response = await self._handle(request)
+            status, request_id = response.status, response.headers.get("X-Request-Id")
+            return response
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            # org_id: the control plane's X-Org-Id, when well formed and the caller was not refused.
+            org = request.headers.get("X-Org-Id")
+            spans.record(method=request.method, route=_template(request.path), path=request.path, status=status,
+                         request_id=request_id, seconds=time.perf_counter() - started, headers=request.headers,
+                         org_id=org if org and status != 401 and _ORG_PATTERN.fullmatch(org) else None,
+                         error=error)
+
+    async def _handle(self, request: web.BaseRequest) -> web.Response:
         incoming = request.headers.get("X-Request-Id")
         request_id = self._ids.accept(incoming)
         headers = {"X-Region": self.region, "X-Request-Id": request_id, "Cache-Control": "no-store"}

@@ -44,6 +44,7 @@ from region_agent.base.bearer import BearerToken
 from region_agent.base.clock import Clock, SystemClock
 from region_agent.base.names import region_name
 from region_agent.base.request_ids import RequestIds
+from region_agent.base.tracing import request_spans
 from region_agent.health import status_page, views
 from region_agent.health.access_log import LOGGER_NAME, RequestLog, TokenBucket
 from region_agent.health.connections import GuardedServer, GuardedSite, errno_name
@@ -146,6 +147,7 @@ class HealthListener:
         self._wall = self._clock.wall
         self._log = logger or logging.getLogger(LOGGER_NAME)
         self._ids = RequestIds(self._region, wall=self._wall)
+        self._spans = request_spans(role.value)  # None while tracing is off: one test per request
         metrics = metrics if metrics is not None else ListenerMetrics(registry)
         self._stats, self._conn_stats = metrics.add(role.value)
         self._requests = RequestLog(
@@ -330,7 +332,16 @@ class HealthListener:
             method=method, path=path, status=answer.status, seconds=seconds, request_id=request_id,
             reason=answer.reason,
         )
+        if self._spans is not None:
+            self._spans.record(method=method, route=self._route(path), path=path, status=answer.status,
+                               request_id=request_id, seconds=seconds, headers=headers)
         return response
+
+    def _route(self, path: str) -> str | None:
+        """The span's ``http.route``: a template, so slugs and junk paths do not multiply routes."""
+        if path.startswith(_GLOBAL):
+            return _GLOBAL + "{slug}"
+        return path if path in self._fixed_kinds or path in self._documents else None
 
     async def _delegate(self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
                         request: web.BaseRequest) -> web.StreamResponse:
@@ -368,6 +379,9 @@ class HealthListener:
         self._stats.observe("malformed", status, 0.0)
         self._requests.record(method="-", path="-", status=status, seconds=0.0, request_id=request_id,
                               reason=reason)
+        if self._spans is not None:
+            self._spans.record(method="_OTHER", route=None, path="", status=status, request_id=request_id,
+                               seconds=0.0, headers=None)
         return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
 
     def _answer(self, kind: str, path: str, accept: str | None, request_id: str) -> Answer:
