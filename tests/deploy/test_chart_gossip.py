@@ -40,6 +40,14 @@ def _plain() -> dict[str, Any]:
     return copy.deepcopy(_installed())
 
 
+def _token() -> dict[str, Any]:
+    """``secrets`` with the operator token set: the sidecar's probes and the ServiceMonitor need the operator
+    listener open, and the chart opens it only with a token (tests/deploy/test_chart_operator.py)."""
+    secrets: dict[str, Any] = copy.deepcopy(_plain()["secrets"])
+    secrets["operatorToken"]["existingSecret"] = "operator"
+    return secrets
+
+
 def _docs(template: str, values: dict[str, Any]) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(RENDER.render(template, RENDER.context(values))) if doc]
 
@@ -76,7 +84,8 @@ def _schema_errors(values: dict[str, Any]) -> list[str]:
                                                           networkPolicy={**_plain()["networkPolicy"],
                                                                          "enabled": True},
                                                           serviceMonitor={**_plain()["serviceMonitor"],
-                                                                          "enabled": True})],
+                                                                          "enabled": True},
+                                                          secrets=_token())],
                          ids=["minimal", "everything on"])
 def test_every_template_renders_to_kubernetes_objects(values: dict[str, Any]) -> None:
     for template in TEMPLATES:
@@ -112,7 +121,7 @@ def test_ports_on_the_pod_network_and_with_host_network() -> None:
 
 @pytest.mark.parametrize(("host_network", "field"), [(False, "status.podIP"), (True, "status.hostIP")])
 def test_the_advertised_address_comes_from_the_downward_api(host_network: bool, field: str) -> None:
-    values = _values(hostNetwork=host_network)
+    values = _values(hostNetwork=host_network, secrets=_token())
     for container in ("agent", "health"):
         sidecar = {**values["healthSidecar"], "enabled": True}
         env = _env(_container({**values, "healthSidecar": sidecar}, container))
@@ -142,7 +151,8 @@ def test_the_headless_service_is_every_agent_ready_or_not_and_the_seeds_dns() ->
 
 def test_secrets_are_whole_read_only_volumes_only_in_the_agent_container() -> None:
     """No subPath: the kubelet updates a Secret volume in place, and the agent re-reads the files."""
-    values = _values(tls="gossip-tls", healthSidecar={**_plain()["healthSidecar"], "enabled": True})
+    values = _values(tls="gossip-tls", healthSidecar={**_plain()["healthSidecar"], "enabled": True},
+                     secrets=_token())
     agent = _container(values)
     mounts = {m["name"]: m for m in agent["volumeMounts"] if m["name"].startswith("gossip")}
     assert set(mounts) == {"gossip-keyring", "gossip-tls"}

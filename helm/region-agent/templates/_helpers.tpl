@@ -49,6 +49,7 @@ geoipUrl: {dir: /var/run/secrets/region-agent/geoip, env: REGION_AGENT_DNS__GEOI
   value: sidecar
 {{- end }}
 {{- include "region-agent.gossipEnv" . }}
+{{- include "region-agent.operatorEnv" . }}
 {{- $paths := include "region-agent.secretPaths" . | fromYaml }}
 {{- range $name, $ref := .Values.secrets }}
 {{- if $ref.existingSecret }}
@@ -68,5 +69,37 @@ geoipUrl: {dir: /var/run/secrets/region-agent/geoip, env: REGION_AGENT_DNS__GEOI
 {{- if $ref.existingSecret }}
 - {name: secret-{{ lower $name }}, mountPath: {{ (get $paths $name).dir }}, readOnly: true}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator listener (/metrics, /zone, /status, the control API) is closed unless a value opens it:
+without config.health.operator_listen_addresses it listens on 127.0.0.1 (reach it with kubectl
+port-forward), or on 0.0.0.0 when a token is required (secrets.operatorToken) or
+operatorListener.allowWithoutToken says so. "open" when it listens beyond the pod's loopback.
+*/}}
+{{- define "region-agent.operatorOpen" -}}
+{{- with (.Values.config.health | default dict).operator_listen_addresses }}
+{{- range . }}{{ if not (or (eq . "127.0.0.1") (eq . "::1")) }}open{{ end }}{{ end }}
+{{- else }}
+{{- if or .Values.secrets.operatorToken.existingSecret .Values.operatorListener.allowWithoutToken }}open{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* Environment for the operator listener's addresses (when config does not set them), and the refusals. */}}
+{{- define "region-agent.operatorEnv" -}}
+{{- $open := include "region-agent.operatorOpen" . }}
+{{- if and $open (not .Values.secrets.operatorToken.existingSecret) (not .Values.operatorListener.allowWithoutToken) }}
+{{- fail "config.health.operator_listen_addresses opens the operator listener (metrics, zone, the control API) beyond the pod without a token: set secrets.operatorToken.existingSecret, or operatorListener.allowWithoutToken: true" }}
+{{- end }}
+{{- if and (not $open) .Values.healthSidecar.enabled }}
+{{- fail "healthSidecar.enabled: the kubelet probes the agent on its operator port, which listens on 127.0.0.1 only: set secrets.operatorToken.existingSecret (the listener then opens with a token), or operatorListener.allowWithoutToken: true" }}
+{{- end }}
+{{- if and (not $open) .Values.serviceMonitor.enabled }}
+{{- fail "serviceMonitor.enabled: Prometheus can not scrape an operator listener on 127.0.0.1: set secrets.operatorToken.existingSecret (the listener then opens with a token), or operatorListener.allowWithoutToken: true" }}
+{{- end }}
+{{- if not (.Values.config.health | default dict).operator_listen_addresses }}
+- name: REGION_AGENT_HEALTH__OPERATOR_LISTEN_ADDRESSES
+  value: {{ if $open }}'["0.0.0.0"]'{{ else }}'["127.0.0.1"]'{{ end }}
 {{- end }}
 {{- end }}
