@@ -9,6 +9,7 @@ so the listeners call :func:`set_port_sharing` on the socket the event loop hold
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import Protocol
 
@@ -52,3 +53,13 @@ def set_port_sharing(sock: HasSockopts, *, share: bool = False) -> None:
     if wrong:
         raise PortSharingError(f"{' and '.join(wrong)} still {'off' if share else 'on'} after setting it "
                                f"{'on' if share else 'off'}")
+
+
+def source_key(address: str) -> str:
+    """Whose share a connection counts against: the IPv4 address, or the IPv6 /64 (one host's usual allocation)."""
+    if ":" not in address:
+        return address
+    try:
+        return str(ipaddress.IPv6Network((address.partition("%")[0], 64), strict=False))
+    except ValueError:
+        return address

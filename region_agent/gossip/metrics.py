@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -14,6 +14,7 @@ from region_agent.gossip.messages import State
 if TYPE_CHECKING:
     from region_agent.gossip.keyfile import KeyringWatcher
     from region_agent.gossip.node import GossipNode
+    from region_agent.gossip.transport import StreamCounters
 
 _COUNTERS = (
     ("probes", "Probes this agent started"),
@@ -28,15 +29,18 @@ _COUNTERS = (
 
 
 class GossipCollector(Collector):
-    def __init__(self, node: GossipNode) -> None:
+    def __init__(self, node: GossipNode, regions: Callable[[], Iterable[str]] = tuple) -> None:
+        """``regions``: the configured regions, each exported in region_members even with no member left (a
+        region whose agents all died reads 0, where an alert can see it, instead of vanishing)."""
         self._node = node
+        self._regions = regions
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         node = self._node
         stats = node.stats
         members = GaugeMetricFamily("region_agent_gossip_members", "Members known, by state", labels=["state"])
         counts = {state.name.lower(): 0 for state in State}
-        regions: dict[str, int] = {}
+        regions: dict[str, int] = dict.fromkeys(self._regions(), 0)
         for view in node.members():
             counts[view.state.name.lower()] += 1
             if view.state in (State.ALIVE, State.SUSPECT):
@@ -67,6 +71,7 @@ class GossipCollector(Collector):
         for reason in sorted(stats.rejected):
             rejected.add_metric([reason], stats.rejected[reason])
         yield rejected
+        yield from _stream_families(None if node.transport is None else node.transport.streams.counters)
         membership = node.membership
         yield GaugeMetricFamily("region_agent_gossip_health_score",
                                 "Local health (Lifeguard): 0 is healthy; higher stretches this agent's timeouts",
@@ -103,6 +108,28 @@ class GossipCollector(Collector):
                                 value=node.join_attempts)
 
 
+def _stream_families(counters: StreamCounters | None) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The stream listener's bounds at work: refusals and closes by reason, what it holds now."""
+    refused = CounterMetricFamily("region_agent_gossip_stream_refused",
+                                  "Gossip TCP connections or frames refused by the listener's bounds, by reason",
+                                  labels=["reason"])
+    closed = CounterMetricFamily("region_agent_gossip_stream_closed",
+                                 "Gossip TCP connections the listener closed before their frame was whole, by reason",
+                                 labels=["reason"])
+    if counters is not None:
+        for reason in sorted(counters.refused):
+            refused.add_metric([reason], counters.refused[reason])
+        for reason in sorted(counters.closed):
+            closed.add_metric([reason], counters.closed[reason])
+    yield refused
+    yield closed
+    yield GaugeMetricFamily("region_agent_gossip_streams_open", "Incoming gossip TCP connections open now",
+                            value=0 if counters is None else counters.open)
+    yield GaugeMetricFamily("region_agent_gossip_stream_buffered_bytes",
+                            "Bytes reserved now for incoming gossip frames being read",
+                            value=0 if counters is None else counters.buffered)
+
+
 class KeyringCollector(Collector):
     """The live keyring as its watcher keeps it: how many keys are accepted, and file changes applied."""
 
@@ -116,7 +143,8 @@ class KeyringCollector(Collector):
                                   "Keyring file changes applied to the live keyring", value=self._watcher.reloads)
 
 
-def register(node: GossipNode, registry: CollectorRegistry, watcher: KeyringWatcher | None = None) -> None:
-    registry.register(GossipCollector(node))
+def register(node: GossipNode, registry: CollectorRegistry, watcher: KeyringWatcher | None = None,
+             regions: Callable[[], Iterable[str]] = tuple) -> None:
+    registry.register(GossipCollector(node, regions))
     if watcher is not None:
         registry.register(KeyringCollector(watcher))

@@ -25,7 +25,7 @@ from region_agent.gossip.scheduler import AsyncioScheduler
 from region_agent.gossip.settings import GossipSettings
 from region_agent.gossip.stats import GossipStats
 from region_agent.gossip.sync import AntiEntropy, Replica
-from region_agent.gossip.transport import GossipTransport
+from region_agent.gossip.transport import GossipTransport, StreamLimits
 
 logger = logging.getLogger("region_agent.gossip")
 
@@ -70,7 +70,8 @@ class GossipNode:
         # Peers reach us (and streams name us) at the advertised address, not a wildcard bind.
         transport = await GossipTransport.start(self.settings.bind_address, self.settings.port, self.keyring,
                                                 self.stats, advertised=self.settings.advertised, tls=self.tls,
-                                                max_stream=self.config.stream_bytes)
+                                                max_stream=self.config.stream_bytes,
+                                                limits=StreamLimits.from_settings(self.settings))
         self.transport = transport
         # A restarted agent starts above every incarnation of its previous life (wall seconds), so
         # the others' memory of it is old news and no accusation of its past needs refuting.

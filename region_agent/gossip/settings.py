@@ -81,6 +81,28 @@ class GossipSettings(BaseModel):
         default=10.0, ge=0,
         description="At start, seconds to wait for a first sync with a peer before reporting ready anyway "
         "(a lone first agent must come up).")
+    stream_max_connections: int = Field(
+        default=256, ge=1,
+        description="Gossip TCP connections held at once; when all are taken the longest idle is closed for the "
+        "newcomer.")
+    stream_max_connections_per_source: int = Field(
+        default=32, ge=1,
+        description="Gossip TCP connections one IPv4 address (or IPv6 /64) may hold; beyond it a new one is refused. "
+        "An agent sends at most 4 streams at once to one peer.")
+    stream_timeout: float = Field(
+        default=10.0, gt=0, description="Seconds a gossip TCP connection has, after its TLS handshake, to send its "
+        "whole frame.")
+    stream_idle_timeout: float = Field(
+        default=3.0, gt=0, description="Seconds within which a gossip TCP connection must deliver its frame's "
+        "length and then each 64 KiB of it, or be closed: a trickle counts as idle.")
+    stream_buffer_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024 * 1024,
+        description="Bytes of incoming gossip frames held at once, all connections together: a frame's length is "
+        "read first, and one that does not fit is refused before it is read (without TLS anyone can announce one).")
+    stream_source_buffer_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024 * 1024,
+        description="The same bound for the frames of one IPv4 address (or IPv6 /64); keep it above the largest "
+        "anti-entropy message (8 MiB), or a big exchange is refused.")
 
     @field_validator("bind_address", "advertise_address")
     @classmethod

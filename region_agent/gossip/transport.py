@@ -15,6 +15,17 @@ handshake either way is counted as ``tls`` and logged at most once a minute per 
 Datagrams and streams that fail to open are counted in ``stats.rejected`` by reason (``key``,
 ``version``, ``malformed``, ``too_large``, ``tls``) and dropped. The receiver's methods are called from the
 event loop and never block (see :class:`~region_agent.gossip.membership.Membership`).
+
+What others can cost the stream listener is bounded (:class:`StreamLimits`), since without TLS anyone
+may connect and a frame can only be authenticated once it has been read whole (the AES-GCM tag is at
+its end): ``max_connections`` in all, the longest idle closed for a newcomer when all are taken (as the
+DNS TCP server does); ``max_per_source`` per IPv4 address or IPv6 /64, beyond which a newcomer is
+refused; a frame's length is read first, and a frame over the stream bound, or one that does not fit
+what is left of ``buffer_bytes`` (all connections) and ``source_buffer_bytes`` (its source), is refused
+before any of it is read; a connection with no byte for ``idle_timeout``, or whose frame is not whole
+``timeout`` after the handshake, is closed. Reads go in 64 KiB pieces, so nothing is buffered beyond
+the frame's reservation. This agent's own streams to one peer go at most ``OUTGOING_PER_PEER`` at a time,
+well under any peer's ``max_per_source``. Counted in :class:`StreamCounters`.
 """
 
 from __future__ import annotations
@@ -27,13 +38,19 @@ import socket
 import ssl
 import struct
 import time
-from typing import Any, Protocol
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-from region_agent.base.sockets import PortSharingError, set_port_sharing
+from region_agent.base.sockets import PortSharingError, set_port_sharing, source_key
 from region_agent.gossip.keyring import OVERHEAD, Keyring, KeyringError
 from region_agent.gossip.messages import Address, MessageError
 from region_agent.gossip.stats import GossipStats
 from region_agent.gossip.tls import GossipTls, TlsServerStream
+
+if TYPE_CHECKING:
+    from region_agent.gossip.settings import GossipSettings
 
 logger = logging.getLogger("region_agent.gossip")
 
@@ -41,6 +58,57 @@ MAX_PACKET = 1400
 MAX_STREAM = 8 * 1024 * 1024
 STREAM_TIMEOUT = 10.0
 TLS_LOG_INTERVAL = 60.0  # seconds between two warnings about one peer's failed handshakes
+FRAME_SLACK = 512  # a frame may pass max_stream by the sender header and the seal
+READ_CHUNK = 64 * 1024  # one read of a frame: what a connection holds beyond its reservation
+OUTGOING_PER_PEER = 4  # this agent's streams in flight to one peer; below every max_per_source
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """What the stream listener lets others cost; the ``gossip.stream_*`` settings."""
+
+    max_connections: int = 256
+    max_per_source: int = 32
+    timeout: float = STREAM_TIMEOUT
+    idle_timeout: float = 3.0
+    buffer_bytes: int = 64 * MiB
+    source_buffer_bytes: int = 16 * MiB
+
+    @classmethod
+    def from_settings(cls, settings: GossipSettings) -> StreamLimits:
+        return cls(max_connections=settings.stream_max_connections,
+                   max_per_source=settings.stream_max_connections_per_source,
+                   timeout=settings.stream_timeout, idle_timeout=settings.stream_idle_timeout,
+                   buffer_bytes=settings.stream_buffer_bytes, source_buffer_bytes=settings.stream_source_buffer_bytes)
+
+
+@dataclass
+class StreamCounters:
+    """The listener's refusals and closes by reason, and what it holds now (read at scrape time)."""
+
+    refused: Counter[str] = field(default_factory=Counter)  # source_limit, buffer
+    closed: Counter[str] = field(default_factory=Counter)   # evicted, idle, timeout
+    accepted: int = 0
+    open: int = 0
+    buffered: int = 0       # bytes reserved for frames being read now
+    peak_buffered: int = 0  # the most ever reserved at once (tests and benches read it)
+
+
+class _IdleError(Exception):
+    """No byte for ``idle_timeout``."""
+
+
+class _Inbound:
+    """One accepted connection: whose share it counts against, and what it has reserved."""
+
+    __slots__ = ("reserved", "source", "task", "writer")
+
+    def __init__(self, source: str, task: asyncio.Task[Any] | None, writer: asyncio.StreamWriter) -> None:
+        self.source = source
+        self.task = task
+        self.writer = writer
+        self.reserved = 0
 
 
 class PacketTooLargeError(ValueError):
@@ -132,16 +200,23 @@ class StreamTransport:
     :meth:`send_stream`, each message naming ``addr`` as its sender."""
 
     def __init__(self, addr: Address, keyring: Keyring, stats: GossipStats, *, max_stream: int = MAX_STREAM,
-                 tls: GossipTls | None = None) -> None:
+                 tls: GossipTls | None = None, limits: StreamLimits | None = None) -> None:
         self.addr = addr
         self.keyring = keyring
         self.stats = stats
         self.max_stream = max_stream
         self.tls = tls
+        self.limits = limits or StreamLimits()
+        self.counters = StreamCounters()
         self._tls_logged: dict[str, float] = {}
         self._receiver: StreamReceiver | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Accepted connections, least recently active first: the one to close when all slots are taken.
+        self._inbound: OrderedDict[_Inbound, None] = OrderedDict()
+        self._per_source: Counter[str] = Counter()
+        self._source_buffered: Counter[str] = Counter()
+        self._outgoing: dict[Address, tuple[asyncio.Semaphore, list[int]]] = {}
 
     async def listen(self, host: str, port: int) -> None:
         """Accept streams on ``host:port``; raises ``OSError`` when the port is taken."""
@@ -154,25 +229,39 @@ class StreamTransport:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._tasks):
+        tasks = [*self._tasks, *(c.task for c in self._inbound if c.task is not None)]
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
     def send_stream(self, addr: Address, data: bytes) -> None:
         host = self.addr.host.encode()
         sealed = self.keyring.encrypt(bytes([len(host)]) + host + struct.pack(">H", self.addr.port) + data)
-        if len(sealed) > self.max_stream + 512:
+        if len(sealed) > self.max_stream + FRAME_SLACK:
             raise PacketTooLargeError(f"{len(sealed)} byte stream message over {self.max_stream}")
         task = asyncio.get_running_loop().create_task(self._send_stream(addr, sealed), name=f"gossip-stream-{addr}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @contextlib.asynccontextmanager
+    async def _turn(self, addr: Address) -> AsyncIterator[None]:
+        """At most OUTGOING_PER_PEER streams to ``addr`` at once: a burst stays under its per-source cap."""
+        semaphore, users = self._outgoing.setdefault(addr, (asyncio.Semaphore(OUTGOING_PER_PEER), [0]))
+        users[0] += 1
+        try:
+            async with semaphore:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._outgoing[addr]
+
     async def _send_stream(self, addr: Address, sealed: bytes) -> None:
         writer: asyncio.StreamWriter | None = None
         try:
-            async with asyncio.timeout(STREAM_TIMEOUT):
+            async with asyncio.timeout(STREAM_TIMEOUT), self._turn(addr):
                 if self.tls is None:
                     _, writer = await asyncio.open_connection(addr.host, addr.port)
                 else:
@@ -219,40 +308,133 @@ class StreamTransport:
             logger.warning("gossip TLS handshake with %s failed (further failures of this peer counted, "
                            "logged again after %.0f s): %s", host, TLS_LOG_INTERVAL, exc)
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # Cancelled at shutdown, a connection callback would make asyncio log a traceback each.
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._on_stream(reader, writer)
+    # --- connection slots and frame reservations ---------------------------------------------
 
-    async def _on_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        readexactly = reader.readexactly
+    def _admit(self, conn: _Inbound) -> bool:
+        """Take a slot, closing the longest-idle connection if all are taken; refuse past the source's share."""
+        if self._per_source[conn.source] >= self.limits.max_per_source:
+            self.counters.refused["source_limit"] += 1
+            return False
+        while len(self._inbound) >= self.limits.max_connections:
+            self._evict(next(iter(self._inbound)))
+        self._inbound[conn] = None
+        self._per_source[conn.source] += 1
+        self.counters.accepted += 1
+        self.counters.open = len(self._inbound)
+        return True
+
+    def _evict(self, conn: _Inbound) -> None:
+        self.counters.closed["evicted"] += 1
+        self._forget(conn)
+        conn.writer.transport.abort()  # what it sent is worth nothing now: no graceful close
+        if conn.task is not None:
+            conn.task.cancel()
+
+    def _forget(self, conn: _Inbound) -> None:
+        """Give back its slot and reservation (once; later calls do nothing)."""
+        if conn not in self._inbound:
+            return
+        del self._inbound[conn]
+        self._per_source[conn.source] -= 1
+        if self._per_source[conn.source] <= 0:
+            del self._per_source[conn.source]
+        self._release(conn)
+        self.counters.open = len(self._inbound)
+
+    def _reserve(self, conn: _Inbound, size: int) -> bool:
+        """Room for a ``size`` byte frame in the listener's and the source's buffer budget, taken."""
+        if (self.counters.buffered + size > self.limits.buffer_bytes
+                or self._source_buffered[conn.source] + size > self.limits.source_buffer_bytes):
+            self.counters.refused["buffer"] += 1
+            return False
+        conn.reserved = size
+        self._source_buffered[conn.source] += size
+        self.counters.buffered += size
+        self.counters.peak_buffered = max(self.counters.peak_buffered, self.counters.buffered)
+        return True
+
+    def _release(self, conn: _Inbound) -> None:
+        if not conn.reserved:
+            return
+        self.counters.buffered -= conn.reserved
+        self._source_buffered[conn.source] -= conn.reserved
+        if self._source_buffered[conn.source] <= 0:
+            del self._source_buffered[conn.source]
+        conn.reserved = 0
+
+    # --- receiving ------------------------------------------------------------------------------
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if peer else "?"
+        conn = _Inbound(source_key(host), asyncio.current_task(), writer)
+        if not self._admit(conn):
+            writer.transport.abort()
+            return
+        # Cancelled at shutdown or evicted, a connection callback would make asyncio log a traceback.
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._on_stream(conn, host, reader, writer)
+        finally:
+            self._forget(conn)
+            writer.close()
+
+    async def _on_stream(self, conn: _Inbound, host: str, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        readexactly: Callable[[int], Awaitable[bytes]] = reader.readexactly
         if self.tls is not None:
-            peer = writer.get_extra_info("peername")
             stream = TlsServerStream(reader, writer, self.tls.server_context)
             try:
                 async with asyncio.timeout(self.tls.handshake_timeout):
                     await stream.handshake()
             except (OSError, TimeoutError, EOFError) as exc:  # SSLError, a reset, the handshake timeout
-                writer.close()
-                self._tls_failed(str(peer[0]) if peer else "?",
-                                 exc if str(exc) else TimeoutError(f"no handshake in {self.tls.handshake_timeout} s"))
+                self._tls_failed(host, exc if str(exc) else TimeoutError(
+                    f"no handshake in {self.tls.handshake_timeout} s"))
                 return
-            if not self._peer_accepted(str(peer[0]) if peer else "?", stream.peer_certificate()):
-                writer.close()
+            if not self._peer_accepted(host, stream.peer_certificate()):
                 return
             readexactly = stream.readexactly
+        sealed = await self._read_frame(conn, readexactly)
+        writer.close()
+        if sealed is not None:
+            self._open_frame(sealed)
+
+    async def _read_frame(self, conn: _Inbound, readexactly: Callable[[int], Awaitable[bytes]]) -> bytes | None:
+        """The sealed frame, or None (refused, cut or timed out: counted)."""
         try:
-            async with asyncio.timeout(STREAM_TIMEOUT):
-                (size,) = struct.unpack(">I", await readexactly(4))
-                if size > self.max_stream + 512:
+            async with asyncio.timeout(self.limits.timeout):
+                (size,) = struct.unpack(">I", await self._read(conn, readexactly, 4))
+                if size > self.max_stream + FRAME_SLACK:
                     self.stats.rejected["too_large"] += 1
-                    return
-                sealed = await readexactly(size)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+                    return None
+                if not self._reserve(conn, size):
+                    return None
+                return await self._read(conn, readexactly, size)
+        except _IdleError:
+            self.counters.closed["idle"] += 1
+        except TimeoutError:
+            self.counters.closed["timeout"] += 1
+        except (OSError, asyncio.IncompleteReadError):
             self.stats.rejected["malformed"] += 1
-            return
-        finally:
-            writer.close()
+        return None
+
+    async def _read(self, conn: _Inbound, readexactly: Callable[[int], Awaitable[bytes]], size: int) -> bytes:
+        """``size`` bytes in READ_CHUNK pieces, each within ``idle_timeout``; every piece makes it active."""
+        pieces: list[bytes] = []
+        left = size
+        while left:
+            try:
+                async with asyncio.timeout(self.limits.idle_timeout):
+                    piece = await readexactly(min(left, READ_CHUNK))
+            except TimeoutError:
+                raise _IdleError from None
+            pieces.append(piece)
+            left -= len(piece)
+            if conn in self._inbound:
+                self._inbound.move_to_end(conn)
+        return b"".join(pieces)
+
+    def _open_frame(self, sealed: bytes) -> None:
         try:
             plain = self.keyring.decrypt(sealed)
             length = plain[0]
@@ -286,7 +468,7 @@ class GossipTransport:
     @classmethod
     async def start(cls, host: str, port: int, keyring: Keyring, stats: GossipStats, *, advertised: str | None = None,
                     tls: GossipTls | None = None, max_packet: int = MAX_PACKET,
-                    max_stream: int = MAX_STREAM) -> GossipTransport:
+                    max_stream: int = MAX_STREAM, limits: StreamLimits | None = None) -> GossipTransport:
         """Listen for UDP and TCP on ``host:port``; port 0 picks one that is free for both.
 
         ``advertised`` (default ``host``) is the host peers reach this agent at, which each stream
@@ -298,7 +480,7 @@ class GossipTransport:
             udp_sock.bind((host, port))
             chosen = udp_sock.getsockname()[1]
             streams = StreamTransport(Address(advertised or host, chosen), keyring, stats, max_stream=max_stream,
-                                      tls=tls)
+                                      tls=tls, limits=limits)
             try:
                 await streams.listen(host, chosen)
             except OSError:
