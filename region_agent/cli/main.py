@@ -268,6 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     geoip.set_defaults(func=cmd_geoip)
     check = with_config(sub.add_parser("check-config", help="validate settings and zone file, print them"))
     check.set_defaults(func=cmd_check_config)
+    from region_agent.demo import fake_copy
+
+    fake = sub.add_parser("fake-copy", help="a fake copy's health endpoint (/global-health/<slug>) that answers as "
+                          "told, for trying failover by hand (the one the demo, tests and benches use)",
+                          description="A fake copy: GET /global-health/<slug> answers as told (with --log each "
+                          "request is logged). Point a region's ingress address in the zone file at it.",
+                          epilog=fake_copy.BEHAVIOURS)
+    fake_copy.add_arguments(fake)
+    fake.set_defaults(func=fake_copy.run)
     from region_agent.cli.inspect import add_members_parser
     from region_agent.cli.keys import add_keys_parser
 

@@ -310,18 +310,33 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="fake copy health endpoint (tests and benches)")
+BEHAVIOURS = ("behaviours (the --state and the state file's first line): ok (200), down (503), "
+              "'<code> <body>', 'hang <seconds>', drop (close unanswered); a state file line "
+              "'once <behaviour>' applies to one request")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m region_agent.demo.fake_copy`` and ``region-agent fake-copy``."""
     parser.add_argument("--bind", required=True, help="address to listen on (127.0.0.x)")
-    parser.add_argument("--port", type=int, default=8086)
-    parser.add_argument("--state-file", type=Path, help="re-read on every request; see the module docstring")
+    parser.add_argument("--port", type=int, default=8086, help="port (default 8086, the agent's health port)")
+    parser.add_argument("--state-file", type=Path, help="re-read on every request; it wins over --state when "
+                        "it exists and is not empty (write a new file and rename it over)")
     parser.add_argument("--state", default="", help="initial in-process behaviour (default ok)")
     parser.add_argument("--log", type=Path, help="append one line per answered request")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until Ctrl-C or SIGTERM's KeyboardInterrupt; 0."""
     try:
         return asyncio.run(_serve(args))
     except KeyboardInterrupt:
         return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fake copy health endpoint (tests and benches)", epilog=BEHAVIOURS)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
