@@ -10,11 +10,13 @@ as ``length (4 bytes) | sealed(sender host str8 | sender port u16 | message)``. 
 advertised address travels inside the sealed part because a TCP peer's port is ephemeral, and the
 reply must reach its gossip port. With a :class:`~region_agent.gossip.tls.GossipTls` the streams also run
 under mutual TLS (cluster CA, TLS 1.3), the same frame still sealed by the keyring inside; a failed
-handshake either way is counted as ``tls`` and logged at most once a minute per peer address.
+handshake either way is counted and logged at most once a minute per peer address: ``tls_timeout``
+when it did not finish in time (loss, a stalled peer: no certificate problem), ``tls`` otherwise (a
+certificate of another CA or expired, here or at the peer, which then closes mid-handshake).
 
 Datagrams and streams that fail to open are counted in ``stats.rejected`` by reason (``key``,
-``version``, ``malformed``, ``too_large``, ``tls``) and dropped. The receiver's methods are called from the
-event loop and never block (see :class:`~region_agent.gossip.membership.Membership`).
+``version``, ``malformed``, ``too_large``, ``tls``, ``tls_timeout``) and dropped. The receiver's
+methods are called from the event loop and never block (see :class:`~region_agent.gossip.membership.Membership`).
 
 What others can cost the stream listener is bounded (:class:`StreamLimits`), since without TLS anyone
 may connect and a frame can only be authenticated once it has been read whole (the AES-GCM tag is at
@@ -58,6 +60,12 @@ MAX_PACKET = 1400
 MAX_STREAM = 8 * 1024 * 1024
 STREAM_TIMEOUT = 10.0
 TLS_LOG_INTERVAL = 60.0  # seconds between two warnings about one peer's failed handshakes
+
+
+def tls_failure(exc: BaseException) -> str:
+    """The reason a handshake failed, as counted. A timeout is loss or a stalled peer; anything else (a
+    certificate refused here, or a connection closed mid-handshake: the peer refusing ours) is ``tls``."""
+    return "tls_timeout" if isinstance(exc, TimeoutError) else "tls"
 FRAME_SLACK = 512  # a frame may pass max_stream by the sender header and the seal
 READ_CHUNK = 64 * 1024  # one read of a frame: what a connection holds beyond its reservation
 OUTGOING_PER_PEER = 4  # this agent's streams in flight to one peer; below every max_per_source
@@ -299,7 +307,7 @@ class StreamTransport:
         return False
 
     def _tls_failed(self, host: str, exc: BaseException) -> None:
-        self.stats.rejected["tls"] += 1
+        self.stats.rejected[tls_failure(exc)] += 1
         now = time.monotonic()
         if now - self._tls_logged.get(host, -TLS_LOG_INTERVAL) >= TLS_LOG_INTERVAL:
             if len(self._tls_logged) > 1024:  # forget peers quiet for a minute: the map stays small
