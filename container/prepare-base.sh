@@ -5,7 +5,8 @@
 #   base.tar   a Debian bookworm minbase root file system with python3 (debootstrap), for `podman import`
 #   context/   the build context of container/Dockerfile (prepare-context.sh: dependency wheels, pip, tini)
 #              plus setuptools, so the test builds the project's own wheel offline
-# Re-running keeps what exists; delete CACHE to start over.
+# Re-running keeps what exists (the wheels are made again when pyproject.toml's dependencies change);
+# delete CACHE to start over.
 set -euo pipefail
 cache=${1:-${REGION_AGENT_IMAGE_CACHE:-/var/cache/region-agent-image}}
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,11 +22,19 @@ if [[ ! -s $cache/base.tar ]]; then
   debootstrap --variant=minbase --include=python3 bookworm "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1
   tar -C "$rootfs" -cf "$cache/base.tar.tmp" . && mv "$cache/base.tar.tmp" "$cache/base.tar"
 fi
+# The wheels follow the project's dependency list: a changed list makes them again.
+deps=$(sed -n '/^dependencies = \[/,/^\]/p' "$repo/pyproject.toml" | sha256sum | cut -c1-16)
+if [[ -d $cache/context/wheels && $(cat "$cache/context/deps" 2>/dev/null) != "$deps" ]]; then
+  echo "prepare-base: the dependencies changed: making the wheels again" >&2
+  rm -rf "$cache/context" "$cache/context.tmp"
+fi
 if [[ ! -d $cache/context/wheels ]]; then
+  rm -rf "$cache/context.tmp"
   bash "$repo/container/prepare-context.sh" "$cache/context.tmp"
   python=${PYTHON:-$repo/.venv/bin/python}
   [[ -x $python ]] || python=python3
   "$python" -m pip wheel --quiet --wheel-dir "$cache/context.tmp/wheels" "setuptools>=68"
+  echo "$deps" >"$cache/context.tmp/deps"
   mv "$cache/context.tmp" "$cache/context"
 fi
 echo "prepare-base: $cache/base.tar and $cache/context are ready"
