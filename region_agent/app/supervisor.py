@@ -138,7 +138,7 @@ class Agent:
                                   has_majority=self.has_majority,
                                   digests=lambda: {} if self.cluster is None else self.cluster.peer_digests(),
                                   token=token,
-                                  zone=self.zone_document.describe)
+                                  zone=self.zone_document.describe, registry=self.registry)
         self.health = HealthService(settings.health, region=settings.region, registry=self.registry,
                                     documents={"/zone": Document(self.zone_document.describe,
                                                                  self.zone_document.generation),

@@ -37,12 +37,16 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from region_agent.base.bearer import BearerToken
 from region_agent.base.request_ids import RequestIds, is_valid_request_id
@@ -122,6 +126,24 @@ def _template(path: str) -> str | None:
     return next((route.template for route, pattern in _COMPILED if pattern.match(path)), None)
 
 
+_METHODS = frozenset(("GET", "PUT", "POST", "DELETE", "HEAD", "PATCH", "OPTIONS"))
+
+
+class _RequestsCollector(Collector):
+    def __init__(self, requests: Counter[tuple[str, str, str]]) -> None:
+        self._requests = requests
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("region_agent_control_requests", "Control-API requests by method, route "
+                                     "template (other: no route) and status", labels=["method", "route", "status"])
+        for (method, route, status), count in sorted(self._requests.items()):
+            family.add_metric([method, route, status], count)
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())
+
+
 def load_openapi() -> dict[str, Any]:
     """The checked-in OpenAPI 3.1 document."""
     text = resources.files("region_agent.control").joinpath("openapi.json").read_text(encoding="utf-8")
@@ -189,6 +211,7 @@ class ControlAPI:
         retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
         wall: Callable[[], float] = time.time,
         allow_unauthenticated: bool = False,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         """``token`` None refuses every request with 401 unless ``allow_unauthenticated`` (tests, demos).
 
@@ -213,6 +236,10 @@ class ControlAPI:
         self._retry_after = retry_after_seconds
         self._allow_unauthenticated = allow_unauthenticated
         self._ids = RequestIds(region, wall=wall)
+        # (method, route template, status) → requests: plain ints, a collector exports them at scrape time
+        self.requests: Counter[tuple[str, str, str]] = Counter()
+        if registry is not None:
+            registry.register(_RequestsCollector(self.requests))
         self._spans = request_spans("control")  # None while tracing is off
         self._openapi_body = _dumps(load_openapi())
         self._if_match: str | None = None   # of the write being handled (set and cleared around it)
@@ -249,7 +276,9 @@ class ControlAPI:
         """Answer one request under :data:`PREFIX` (a low-level server's handler, or a route's)."""
         spans = self._spans
         if spans is None:
-            return await self._handle(request)
+            response = await self._handle(request)
+            self._count(request, response.status)
+            return response
         started = time.perf_counter()
         status: int | None = None
         request_id: str | None = None
@@ -257,6 +286,7 @@ class ControlAPI:
         try:
             response = await self._handle(request)
             status, request_id = response.status, response.headers.get("X-Request-Id")
+            self._count(request, status)
             return response
         except BaseException as exc:
             error = type(exc).__name__
@@ -268,6 +298,10 @@ class ControlAPI:
                          request_id=request_id, seconds=time.perf_counter() - started, headers=request.headers,
                          org_id=org if org and status != 401 and _ORG_PATTERN.fullmatch(org) else None,
                          error=error)
+
+    def _count(self, request: web.BaseRequest, status: int) -> None:
+        method = request.method if request.method in _METHODS else "_OTHER"
+        self.requests[(method, _template(request.path) or "other", str(status))] += 1
 
     async def _handle(self, request: web.BaseRequest) -> web.Response:
         incoming = request.headers.get("X-Request-Id")

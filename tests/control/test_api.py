@@ -303,6 +303,27 @@ async def test_a_project_naming_a_region_gone_elsewhere_shows_the_problem(client
     assert status == 200 and "problems" not in body and cluster.store.projects["shop"].regions == ("sfo1",)
 
 
+async def test_requests_are_counted_by_method_route_and_status(aiohttp_client: MakeClient, cluster: Cluster,
+                                                                token_file: Path) -> None:
+    registry = CollectorRegistry()
+    app = web.Application()
+    cluster.api(BearerToken(token_file), registry=registry).install(app)
+    client = await aiohttp_client(app)
+    await _setup_regions(client)
+    assert (await _call(client, "GET", "/v1/projects/nope"))[0] == 404
+    assert (await _call(client, "GET", "/v1/nothing-here"))[0] == 404
+    async with client.get("/v1/regions") as response:   # no token
+        assert response.status == 401
+
+    def count(method: str, route: str, status: str) -> float | None:
+        return registry.get_sample_value("region_agent_control_requests_total",
+                                         {"method": method, "route": route, "status": status})
+    assert count("PUT", "/v1/regions/{name}", "201") == 2
+    assert count("GET", "/v1/projects/{slug}", "404") == 1
+    assert count("GET", "other", "404") == 1
+    assert count("GET", "/v1/regions", "401") == 1
+
+
 async def test_regions_round_trip_and_delete(client: Client, cluster: Cluster) -> None:
     await _setup_regions(client)
     status, body, _ = await _call(client, "GET", "/v1/regions/sfo1")
