@@ -39,7 +39,7 @@ its full warm-up, and the peak with a second map after its cold passes.
 
 Results: ``bench/README.md``; every run writes its raw results to the JSON lines file it names at
 the end (``--out``). ``--smoke`` runs every scenario on a database written on the spot by
-``tests/fakes/mmdb_writer.py`` (random networks at random places), with a few dozen clients.
+``region_agent/demo/mmdb_writer.py`` (random networks at random places), with a few dozen clients.
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ def verify_scope(reader: maxminddb.Reader, address: Address, scope: int, names: 
 
 def synthetic_database(scratch: Path, seed: int) -> Path:
     """A small City-shaped database: random IPv4 /8-/20 and IPv6 /24-/40 networks at random places."""
-    from tests.fakes.mmdb_writer import MmdbWriter, city_record
+    from region_agent.demo.mmdb_writer import MmdbWriter, city_record
 
     rng = random.Random(seed)
     writer = MmdbWriter()

@@ -72,7 +72,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     setup_logging(region=settings.region, level="error" if not args.verbose else "info")
     rounds = args.rounds if args.rounds > 0 else sys.maxsize
     try:
-        return _run(run_demo(settings, step_seconds=args.step, rounds=rounds))
+        return _run(run_demo(settings, step_seconds=args.step, rounds=rounds,
+                             config=None if args.config == str(DEMO_CONFIG) else args.config))
     except KeyboardInterrupt:
         return 0
 

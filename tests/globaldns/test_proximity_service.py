@@ -10,12 +10,12 @@ import dns.edns
 import pytest
 from prometheus_client import CollectorRegistry
 
+from region_agent.demo.mmdb_writer import MmdbWriter, city_record
 from region_agent.globaldns.service import ZoneService
 from region_agent.globaldns.settings import DnsSettings
 from region_agent.state.model import CopyHealth, copy_key, project_key
 from tests.conftest import wait_for
 from tests.fakes.dns_client import ask, make_query, rdata_texts
-from tests.fakes.mmdb_writer import MmdbWriter, city_record
 from tests.globaldns.zones import ALL, proximity, store_with, up
 
 # Client networks and where the database puts them.

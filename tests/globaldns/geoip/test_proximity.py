@@ -21,8 +21,8 @@ import maxminddb
 import maxminddb.reader
 import pytest
 
+from region_agent.demo.mmdb_writer import MmdbWriter, city_record
 from region_agent.globaldns.geoip.proximity import GeoDatabase, GeoDatabaseError, ProximityMap, Site, haversine_km
-from tests.fakes.mmdb_writer import MmdbWriter, city_record
 
 Address = IPv4Address | IPv6Address
 

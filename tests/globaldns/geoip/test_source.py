@@ -25,6 +25,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import SecretStr, ValidationError
 
+from region_agent.demo.mmdb_writer import MmdbWriter, city_record
 from region_agent.globaldns.geoip.proximity import GeoDatabase
 from region_agent.globaldns.geoip.source import (
     GeoipSettings,
@@ -46,7 +47,6 @@ from region_agent.state.local import RegionView
 from tests.conftest import wait_for
 from tests.fakes.dns_client import ask, make_query, rdata_texts
 from tests.fakes.geoip_server import SECRET, SIGNED_QUERY, DbServer, serving
-from tests.fakes.mmdb_writer import MmdbWriter, city_record
 from tests.globaldns.zones import ALL, proximity, store_with, up
 
 # tests/app/test_geoip_status.py takes the download server and a database from here.

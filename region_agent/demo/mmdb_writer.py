@@ -1,4 +1,5 @@
-"""A small writer of MaxMind DB files for tests (format: https://maxmind.github.io/MaxMind-DB/).
+"""A small writer of MaxMind DB files, for the demo (its GeoIP database) and the tests (format:
+https://maxmind.github.io/MaxMind-DB/).
 
 It builds the binary search tree from inserted networks, a data section and the metadata map,
 and packs records of 24, 28 or 32 bits. Proof that what it writes is valid: the ``maxminddb``
