@@ -4,7 +4,10 @@ A UDP socket with ``SO_REUSEADDR`` lets any other socket that sets it too bind t
 and port, whatever its uid, and take part of the traffic; ``SO_REUSEPORT`` does the same for the
 same uid. uvloop (libuv's ``uv_udp_open``) turns ``SO_REUSEADDR`` on for every socket it is handed,
 so the listeners call :func:`set_port_sharing` on the socket the event loop holds, after it took it.
-``share=True`` is for processes of one agent sharing a port on purpose (a later ``dns.workers``).
+``share=True`` is for processes of one agent sharing a port on purpose (``dns.workers``): it turns
+``SO_REUSEPORT`` on and keeps ``SO_REUSEADDR`` off, so the kernel lets only sockets of the same uid
+join (Linux requires every socket of a ``SO_REUSEPORT`` group to have the same effective uid, root
+included); ``SO_REUSEADDR`` on two UDP sockets would let any uid in.
 """
 
 from __future__ import annotations
@@ -40,19 +43,20 @@ def port_sharing(sock: HasSockopts) -> dict[str, bool]:
 
 
 def set_port_sharing(sock: HasSockopts, *, share: bool = False) -> None:
-    """Put both options to ``share`` and read them back; raise :class:`PortSharingError` if either differs."""
+    """``SO_REUSEADDR`` off, ``SO_REUSEPORT`` to ``share``, read back; :class:`PortSharingError` if either differs."""
+    wanted = {"SO_REUSEADDR": False, "SO_REUSEPORT": share}
     for name, option in OPTIONS:
         if option is None:
             continue
-        if bool(sock.getsockopt(socket.SOL_SOCKET, option)) != share:
+        if bool(sock.getsockopt(socket.SOL_SOCKET, option)) != wanted[name]:
             try:
-                sock.setsockopt(socket.SOL_SOCKET, option, int(share))
+                sock.setsockopt(socket.SOL_SOCKET, option, int(wanted[name]))
             except OSError as exc:
-                raise PortSharingError(f"{name} can not be turned {'on' if share else 'off'}: {exc}") from exc
-    wrong = [name for name, on in port_sharing(sock).items() if on != share]
+                raise PortSharingError(f"{name} can not be turned {'on' if wanted[name] else 'off'}: {exc}") from exc
+    wrong = [name for name, on in port_sharing(sock).items() if on != wanted[name]]
     if wrong:
-        raise PortSharingError(f"{' and '.join(wrong)} still {'off' if share else 'on'} after setting it "
-                               f"{'on' if share else 'off'}")
+        was, asked = ("on", "off") if not wanted[wrong[0]] else ("off", "on")
+        raise PortSharingError(f"{' and '.join(wrong)} still {was} after setting it {asked}")
 
 
 def source_key(address: str) -> str:

@@ -321,8 +321,11 @@ class TcpProtocol(asyncio.BufferedProtocol):
 class DnsServer:
     """Owns the sockets; ``start`` binds every address, ``stop`` closes them."""
 
-    def __init__(self, responder: Responder, addresses: list[tuple[str, int]], tcp: TcpLimits | None = None) -> None:
+    def __init__(self, responder: Responder, addresses: list[tuple[str, int]], tcp: TcpLimits | None = None,
+                 share_port: bool = False) -> None:
+        """``share_port``: SO_REUSEPORT on UDP and TCP, for the agent's own ``dns.workers`` (same uid only)."""
         self.responder = responder
+        self.share_port = share_port
         self.addresses = addresses
         self.tcp = tcp or TcpLimits()
         # Open connections, least recently active first: the one to close when all slots are taken.
@@ -389,6 +392,8 @@ class DnsServer:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         # A deep receive buffer absorbs bursts while the loop is busy elsewhere.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        if self.share_port:  # dns.workers: the kernel shares the port only among sockets of our uid
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((host, port))
         except OSError as error:
@@ -398,7 +403,7 @@ class DnsServer:
         transport, _ = await loop.create_datagram_endpoint(lambda: UdpProtocol(self.responder), sock=sock)
         try:
             # uvloop turned SO_REUSEADDR on as it took the socket: off again, or no start.
-            set_port_sharing(transport.get_extra_info("socket"), share=False)
+            set_port_sharing(transport.get_extra_info("socket"), share=self.share_port)
         except PortSharingError as error:
             transport.close()
             await asyncio.sleep(0)
@@ -407,7 +412,7 @@ class DnsServer:
             # TCP keeps SO_REUSEADDR so a restart is not refused by the last run's TIME_WAIT sockets;
             # on Linux it does not let a second listener share the port.
             server = await loop.create_server(lambda: TcpProtocol(self), host, actual_port, reuse_address=True,
-                                              backlog=512)
+                                              reuse_port=self.share_port or None, backlog=512)
         except OSError as error:
             transport.close()
             await asyncio.sleep(0)  # the transport closes its socket on the next loop turn

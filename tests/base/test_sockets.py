@@ -10,11 +10,13 @@ from region_agent.base.sockets import PortSharingError, port_sharing, set_port_s
 
 
 @pytest.mark.parametrize("share", [True, False])
-def test_both_options_follow_share(share: bool) -> None:
+def test_reuseport_follows_share_and_reuseaddr_stays_off(share: bool) -> None:
+    """SO_REUSEADDR is never on: on two UDP sockets it lets any uid share the port; SO_REUSEPORT only the same uid."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(not share))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(not share))
         set_port_sharing(sock, share=share)
-        assert port_sharing(sock) == {"SO_REUSEADDR": share, "SO_REUSEPORT": share}
+        assert port_sharing(sock) == {"SO_REUSEADDR": False, "SO_REUSEPORT": share}
 
 
 class Stuck:
