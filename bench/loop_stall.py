@@ -17,6 +17,7 @@ tables) and its worst latency reported too.
 
     python bench/loop_stall.py                 # 10,000 projects, 1,000 changed, 5 repeats
     python bench/loop_stall.py --smoke         # tiny sizes, seconds
+    python bench/loop_stall.py --workers 2     # dns.workers=2: worker processes answer, the main loop feeds them
     python bench/loop_stall.py --out bench/results/loop_stall-<date>.jsonl
 """
 
@@ -147,7 +148,7 @@ async def run_scenario(name: str, watcher: ZoneFileWatcher, zone: ZoneService, t
     try:
         deadline = started + timeout
         # At least one query: on a busy machine the file can be applied before this loop starts.
-        while qid == 0 or zone.tables is before or _compiling(zone):
+        while qid == 0 or zone.tables is before or _compiling(zone) or not _workers_in_step(zone):
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"{name}: zone not recompiled within {timeout} s")
             qid = (qid + 1) & 0xFFFF
@@ -166,6 +167,11 @@ async def run_scenario(name: str, watcher: ZoneFileWatcher, zone: ZoneService, t
             "worst_query_ms": round(queries.worst * 1000, 2), "rcodes": queries.rcodes}
 
 
+def _workers_in_step(zone: ZoneService) -> bool:
+    """With dns.workers: every worker has confirmed the newest tables (the feed is part of the change)."""
+    return zone.workers is None or zone.workers.in_step()
+
+
 def _compiling(zone: ZoneService) -> bool:
     """Whether a compilation is pending or running."""
     return zone._pending is not None
@@ -178,12 +184,15 @@ async def bench(args: argparse.Namespace, out: Results) -> list[dict[str, Any]]:
     store = Store(writer="standalone/bench", clock=HybridClock(lambda: int(time.time() * 1000)))
     registry = CollectorRegistry()
     watcher = ZoneFileWatcher(path, store, registry, poll_interval=0.05, settle=0.05)
-    zone = ZoneService(DnsSettings(zone=ZONE, listen_addresses=("127.0.0.1",), port=0), store, registry)
+    zone = ZoneService(DnsSettings(zone=ZONE, listen_addresses=("127.0.0.1",), port=0, workers=args.workers),
+                       store, registry)
     await watcher.load()
     zone.set_health_known()
     await zone.start()
     port = int(zone.server.bound[0][1])
     await zone.compiled()
+    while not _workers_in_step(zone):  # noqa: ASYNC110 - polling a condition of other processes
+        await asyncio.sleep(0.01)
     gc.freeze()  # as the agent does after start-up (region_agent/app/supervisor.py)
     task = asyncio.get_running_loop().create_task(watcher.run())
     results = []
@@ -191,10 +200,12 @@ async def bench(args: argparse.Namespace, out: Results) -> list[dict[str, Any]]:
         for repeat in range(args.repeats):
             text = zone_text(args.projects, args.changed, repeat + 1)
             result = await run_scenario("reload", watcher, zone, text, port, args.timeout)
-            results.append({**result, "repeat": repeat, "projects": args.projects, "changed": args.changed})
+            results.append({**result, "repeat": repeat, "projects": args.projects, "changed": args.changed,
+                            "workers": args.workers})
             text = zone_text(args.projects, args.changed, repeat + 1, region_octet=100 + repeat)
             result = await run_scenario("recompile", watcher, zone, text, port, args.timeout)
-            results.append({**result, "repeat": repeat, "projects": args.projects, "changed": args.projects})
+            results.append({**result, "repeat": repeat, "projects": args.projects, "changed": args.projects,
+                            "workers": args.workers})
         for result in results:
             out.add(**{k: v for k, v in result.items() if k != "type"})
     finally:
@@ -212,6 +223,7 @@ def main() -> int:
     parser.add_argument("--changed", type=int, default=1_000, help="projects changed by the reload")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds one scenario may take")
+    parser.add_argument("--workers", type=int, default=1, help="dns.workers (1: the loop answers DNS itself)")
     add_arguments(parser)
     args = parser.parse_args()
     if args.smoke:
@@ -225,6 +237,7 @@ def main() -> int:
     with Results("loop_stall", args.out, smoke=args.smoke) as out:
         results = runner(bench(args, out))
     print(f"{args.projects} projects, reload changes {args.changed}; {args.repeats} repeats; "
+          f"dns.workers {args.workers}; "
           f"load {os.getloadavg()[0]:.2f} at the end")
     for name in ("reload", "recompile"):
         rows = [r for r in results if r["name"] == name]

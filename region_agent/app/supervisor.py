@@ -150,7 +150,8 @@ class Agent:
         self.missing_regions = MissingRegions(self.store, self.registry)
         self.problems_registry.register(
             self.tasks, self.checker, self.missing_regions, None if self.zone_file is None else self.zone_file.watcher,
-            self.reachability, self.dns, self.dns.geoip, self.state_file, self.dns.tsig_keys, token)
+            self.reachability, self.dns, self.dns.workers, self.dns.geoip, self.state_file, self.dns.tsig_keys,
+            token)
         self.store.subscribe(self._on_state_change)
 
     def _on_state_change(self, changes: list[Entry]) -> None:

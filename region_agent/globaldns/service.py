@@ -31,6 +31,7 @@ from region_agent.globaldns.rrl import RateLimiter, RrlConfig
 from region_agent.globaldns.server import DnsServer, TcpLimits
 from region_agent.globaldns.settings import DnsSettings, RrlSettings
 from region_agent.globaldns.tables import Locator, ZoneHolder, ZoneTables
+from region_agent.globaldns.workers import DnsWorkers, MergedCounters, WorkersCollector
 from region_agent.state.model import ACME, Kind, Region, role_writer
 from region_agent.state.observations import Observations, ObservedState
 from region_agent.state.store import OUTSIDE_THE_ZONE, Entry, StateView, Store
@@ -49,6 +50,13 @@ def zone_config(settings: DnsSettings) -> ZoneConfig:
         retry=settings.soa_retry, expire=settings.soa_expire, minimum=settings.soa_minimum,
         startup_answer=settings.startup_answer,
     )
+
+
+def tcp_limits(settings: DnsSettings) -> TcpLimits:
+    return TcpLimits(idle_timeout=settings.tcp_idle_timeout, message_timeout=settings.tcp_message_timeout,
+                     max_connections=settings.tcp_max_connections,
+                     max_per_source=settings.tcp_max_connections_per_source,
+                     write_buffer=settings.tcp_write_buffer, max_in_flight=settings.tcp_max_in_flight)
 
 
 def rate_limiter(settings: RrlSettings) -> RateLimiter | None:
@@ -93,18 +101,21 @@ class ZoneService:
         self._withheld = False
         self._latest: ZoneTables | None = None   # the newest compiled tables, installed or withheld
         self.counters = DnsCounters()
-        register(self.counters, registry)
+        # dns.workers > 1: worker processes answer (region_agent.globaldns.workers); this process compiles,
+        # answers UPDATEs they forward, and counts what they report.
+        self.workers: DnsWorkers | None = None
+        if settings.workers > 1:
+            self.workers = DnsWorkers(settings, lambda: None if self.acme is None else self.acme.handle)
+            register(MergedCounters(self.counters, self.workers), registry)
+            registry.register(WorkersCollector(self.workers))
+        else:
+            register(self.counters, registry)
         registry.register(AnswerStateCollector(lambda: self.holder.tables))
         self.responder = Responder(self.holder, self.counters, ResponderLimits(
             our_payload=settings.udp_payload, memo_entries=settings.response_memo_entries),
             rate_limiter(settings.rrl))
-        self.server = DnsServer(
-            self.responder, [(a, settings.port) for a in settings.listen_addresses],
-            TcpLimits(idle_timeout=settings.tcp_idle_timeout, message_timeout=settings.tcp_message_timeout,
-                      max_connections=settings.tcp_max_connections,
-                      max_per_source=settings.tcp_max_connections_per_source,
-                      write_buffer=settings.tcp_write_buffer, max_in_flight=settings.tcp_max_in_flight),
-        )
+        self.server = DnsServer(self.responder, [(a, settings.port) for a in settings.listen_addresses],
+                                tcp_limits(settings))
         self._challenges_changed = False  # ACME records changed since the last compilation
         self.acme = acme_updates(settings, store, self.holder, registry)
         if self.acme is not None:
@@ -241,12 +252,16 @@ class ZoneService:
         rejoining after a long absence must not answer from what it held (see ``gossip.sync``)."""
         self._withheld = True
         self.holder.clear()
+        if self.workers is not None:
+            self.workers.set_withheld(True)
         self.changed.set()
 
     def release(self) -> None:
         if self._withheld:
             self._withheld = False
             logger.info("zone: answering from the store now")
+            if self.workers is not None:
+                self.workers.set_withheld(False)
             if self._latest is not None:
                 self.holder.replace(self._latest)
                 self.changed.set()
@@ -262,6 +277,8 @@ class ZoneService:
         self._compile_failure = None
         self._left_out = tuple(report.left_out)
         self._latest = tables
+        if self.workers is not None:
+            self.workers.publish(tables)  # sent as a delta, off this call
         if self._withheld:
             self.changed.set()
             return
@@ -316,7 +333,11 @@ class ZoneService:
         # delays nothing. A download is left to geoip.run(): the start never waits for the network.
         await self.geoip.start()
         self.rebuild()
-        await self.server.start()
+        if self.workers is None:
+            await self.server.start()
+            return
+        await self.workers.start()  # this process binds no DNS socket: the workers answer
+        self.server.bound.extend(self.workers.bound)
 
     async def stop(self) -> None:
         if self._pending is not None:
@@ -328,6 +349,8 @@ class ZoneService:
             self._warm.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._warm
+        if self.workers is not None:
+            await self.workers.stop()
         await self.server.stop()
 
 

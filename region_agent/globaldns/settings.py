@@ -199,6 +199,16 @@ class DnsSettings(BaseModel):
         description="Where the GeoIP city database comes from (default URL, this region's URL, a file, or none), "
         "its refresh and its download bounds.",
     )
+    workers: int = Field(
+        default=1, ge=1, le=64,
+        description="Processes answering DNS. 1: the agent's own process answers (as PowerDNS's one receiver "
+        "thread). More: that many worker processes answer on the same addresses and port (SO_REUSEPORT, the "
+        "kernel spreads flows; only processes of the agent's uid can join), each holding the compiled zone, "
+        "kept in step by deltas from the main process, which compiles and holds the store. Raise it when one "
+        "core is not enough for the queries (an answer costs about 10 µs of CPU, so a core tops out near "
+        "90,000 queries a second): at most the cores the pod may use, less one for the main process. Each "
+        "worker holds its own copy of the tables (see the globaldns README).",
+    )
     startup_answer: AllDownPolicy = Field(
         default=AllDownPolicy.ALL,
         description="How projects answer before the first health round has finished (the agent is not ready "
