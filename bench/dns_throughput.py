@@ -1,40 +1,54 @@
-"""DNS throughput and latency: region-agent against PowerDNS 4.7 serving the same zone, in one run.
+"""DNS server CPU per query, per core: region-agent against PowerDNS 4.7 serving the same zone, in one run.
 
-    python bench/dns_throughput.py                    # ~6 minutes: every run below, 15 s each
-    python bench/dns_throughput.py --duration 8 --no-yes
+    python bench/dns_throughput.py                    # every run below, 15 s each, one round
+    python bench/dns_throughput.py --duration 8 --rounds 2 --no-yes
     python bench/dns_throughput.py --smoke            # 1 s runs, tiny query files: does every path work?
 
-Started side by side on loopback (each stopped by PID when the bench ends), all checking the
-same two fake copies (``region_agent/demo/fake_copy.py`` on 127.0.0.11/12, both ``ok``):
+**Per core.** The bench pins itself, and so dnsperf, dig and the fake copies it starts, to
+``--load-cpu`` (0), and every server under test, all of its threads (PowerDNS has a receiver,
+distributors and health-check threads; the agent its executor threads), to ``--server-cpu`` (1),
+as ``taskset -a -p -c 1 <pid>`` does (``os.sched_setaffinity`` on every ``/proc/<pid>/task``,
+checked again after every run). One server is loaded at a time, by the same dnsperf with the
+same arguments, so every server runs under identical conditions: one core of its own, the load
+generator on the other. The figure compared is the server's CPU per answered query (utime +
+stime of all its threads from ``/proc/<pid>/stat`` over the run ÷ queries completed), which
+does not depend on how fast dnsperf can send; queries/s is shown beside it. ``--no-pin`` runs
+unpinned (the old behaviour).
+
+Servers started side by side on loopback (each stopped by PID when the bench ends), all checking
+the same two fake copies (``region_agent/demo/fake_copy.py`` on 127.0.0.11/12, both ``ok``):
 
 * ``pdns-shared``: PowerDNS 4.7, bind backend, ``enable-lua-records=shared``, default threads
   (receiver 1, distributor 3), zone of the anchor (``bench/anchors/pdns``): ``static A`` and the
-  LUA ``ifurlup`` record ``shop``;
+  LUA ``ifurlup`` record ``shop``; its packet cache on (the default), as deployed;
 * ``pdns-yes``: the same with ``enable-lua-records=yes`` (PowerDNS's default LUA mode; reference);
 * ``agent``: ``python -m agent run`` (uvloop, one process) on the equivalent zone file;
 * ``agent-nomemo``: the same with ``REGION_AGENT_DNS__RESPONSE_MEMO_ENTRIES=0``: every query is
   parsed, looked up and rendered (the memo-miss path).
 
-Query files: one name (``static`` or ``shop``); ``-0x20``: 30,000 distinct mixed-case spellings
-of ``shop`` cycled in order (what resolvers that randomise case send; the agent's memo is
-case-blind, so for ``agent`` they are hits after the first round and for ``agent-nomemo`` each
-is a miss); ``-random``: 30,000 random names under the zone (a random-subdomain flood, every
-answer NXDOMAIN, never memoised); ``agent-random-hot``: the same flood with every fourth query
-the hot name (in random case): the share of memo hits shows whether the flood evicted it.
+Query shapes, each sent to PowerDNS's static record, its LUA record and the agent (memo on: hits;
+memo off: misses): ``plain`` one name; ``0x20`` 30,000 distinct mixed-case spellings of the name
+cycled in order (what resolvers that randomise case send; the agent's memo is case-blind, so for
+``agent`` they are hits after the first round); ``0x20-ecs`` the same with an EDNS Client Subnet
+option (``-E 8:<ECS>``, 192.0.2.0/24; dnsperf can not vary it per query: the agent echoes it with
+scope 0, PowerDNS without ``edns-subnet-processing`` ignores it); ``random`` 30,000 random names
+under the zone (a random-subdomain flood, every answer NXDOMAIN, never memoised), against
+PowerDNS and the agent; ``agent-random-hot``: the same flood with every fourth query the hot name
+(in random case): the share of memo hits shows whether the flood evicted it.
 
 Load: ``dnsperf -c 10 -l <duration>`` (``-q 100`` outstanding, one send and one receive thread)
 at full rate, then at a fixed ``-Q 1000`` with ``-v``, whose per-query latencies (µs resolution)
-give the percentiles. ECS runs add ``-E 8:<ECS option>`` (192.0.2.0/24) to every query (dnsperf
-can not vary it per query): the agent echoes ECS with scope 0; PowerDNS, without
-``edns-subnet-processing``, ignores it.
+give the percentiles.
 
 For every run: queries/s, lost, rcodes, dnsperf's latency avg/min/max/stddev, percentiles
-(fixed rate), the server's CPU from ``/proc/<pid>/stat`` (seconds, % of one core, µs per
-query), dnsperf's CPU, the rest of the machine's load during the run (``/proc/stat`` busy
-minus everything this bench started) and, for the agent, the memo hits it counted. Ratios are
-computed from runs of the same round. Goals (issue 7): memo hit >= 1.0x PowerDNS shared-LUA
-and >= 0.85x static; memo-miss 0x20 >= 0.9x static; p99 < 1 ms at 1,000 q/s. Every run writes
-its raw results as JSON lines (``bench/common.py``) to the file it names at the end.
+(fixed rate), the server's CPU (seconds, % of one core, µs per query), dnsperf's CPU, the rest
+of the machine's load during the run (``/proc/stat`` busy minus everything this bench started;
+with pinning also the foreign load on the server's core, from ``/proc/stat``'s ``cpu<N>`` line)
+and, for the agent, the memo hits it counted. Ratios are of **µs per query** within one round:
+each agent run ÷ PowerDNS static and ÷ PowerDNS LUA of the same query shape (lower is better).
+Goals (issue 23): memo hit <= 1.0x PowerDNS static, memo miss (0x20, ECS) <= 1.2x, NXDOMAIN
+flood <= 1.2x (÷ PowerDNS's NXDOMAIN run). Every run writes its raw results as JSON lines
+(``bench/common.py``) to the file it names at the end.
 """
 
 from __future__ import annotations
@@ -60,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Results, add_arguments, start_agent, start_pdns
 from dns_rig import (
     AGENT_ZONE,
+    CLK_TCK,
     HA_NAME,
     PRIMARY,
     STATIC_NAME,
@@ -126,6 +141,41 @@ def case_variants(name: str, count: int, seed: int = 20261129) -> list[str]:
     return out
 
 
+def pin(pid: int, cpu: int) -> int:
+    """Every thread of ``pid`` onto ``cpu``, as ``taskset -a -p -c <cpu> <pid>``; returns how many."""
+    pinned = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:  # a thread that ended meanwhile
+            continue
+        pinned += 1
+    return pinned
+
+
+def stray_threads(pid: int, cpu: int) -> list[int]:
+    """Threads of ``pid`` allowed on any core but ``cpu`` (should be none while pinned)."""
+    stray = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if os.sched_getaffinity(int(tid)) != {cpu}:
+                stray.append(int(tid))
+        except OSError:
+            continue
+    return stray
+
+
+def core_stat(cpu: int) -> tuple[float, float]:
+    """(busy, total) seconds of one core since boot, from its ``cpu<N>`` line in /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(f"cpu{cpu} "):
+                values = [int(v) for v in line.split()[1:9]]
+                total = sum(values)
+                return (total - values[3] - values[4]) / CLK_TCK, total / CLK_TCK
+    return 0.0, 0.0
+
+
 @dataclass
 class Run:
     label: str
@@ -134,6 +184,8 @@ class Run:
     extra: list[str] = field(default_factory=list)
     fixed_qps: int | None = None
     round: int = 0
+    shape: str = ""  # plain, 0x20, 0x20-ecs, random (the per-shape ratios), or '' (no ratio)
+    kind: str = ""  # pdns-static, pdns-lua, agent-hit, agent-miss, pdns-nxdomain, agent-nxdomain
     # results
     qps: float = 0.0
     sent: int = 0
@@ -151,6 +203,9 @@ class Run:
     wall: float = 0.0
     memo_hits: int | None = None  # the agent's memo hits during the run
     dnsperf_exit: int = 0
+    server_core_busy: float | None = None  # % of the server's core busy during the run (pinned runs)
+    server_core_other: float | None = None  # of which not the server under test (idle servers, foreign work)
+    stray: int = 0  # server threads found off the server's core after the run (pinned runs; should be 0)
 
     @property
     def us_per_query(self) -> float:
@@ -167,6 +222,10 @@ class Run:
             "server_cpu_s": round(self.server_cpu, 3), "us_per_query": round(self.us_per_query, 2),
             "dnsperf_cpu_s": round(self.dnsperf_cpu, 3), "background_percent": round(self.background, 1),
             "wall_s": round(self.wall, 2), "memo_hits": self.memo_hits, "dnsperf_exit": self.dnsperf_exit,
+            "shape": self.shape, "kind": self.kind,
+            "server_core_busy_percent": None if self.server_core_busy is None else round(self.server_core_busy, 1),
+            "server_core_other_percent": None if self.server_core_other is None else round(self.server_core_other, 1),
+            "stray_threads": self.stray,
         }
 
 
@@ -202,7 +261,7 @@ def parse_dnsperf(text: str, run: Run) -> None:
             run.pct["n"] = len(latencies)
 
 
-def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path) -> None:
+def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path, server_cpu: int | None) -> None:
     argv = ["dnsperf", "-s", "127.0.0.1", "-p", str(run.server.port), "-d", str(run.qfile), "-c", str(clients),
             "-l", str(duration), *run.extra]
     if run.fixed_qps:
@@ -211,10 +270,12 @@ def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path) -
     cpu0 = {pid: cpu_seconds(pid) for pid in ours}
     child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, total0 = proc_stat()
+    core0 = core_stat(server_cpu) if server_cpu is not None else (0.0, 0.0)
     t0 = time.monotonic()
     out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60, check=False)
     run.wall = time.monotonic() - t0
     busy1, total1 = proc_stat()
+    core1 = core_stat(server_cpu) if server_cpu is not None else (0.0, 0.0)
     child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu1 = {pid: cpu_seconds(pid) for pid in ours}
     hits1 = memo_hits(run.server) if hits0 is not None else None
@@ -223,6 +284,11 @@ def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path) -
     run.dnsperf_cpu = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
     ours_cpu = sum(cpu1[p] - cpu0[p] for p in ours) + run.dnsperf_cpu
     run.background = max(0.0, 100.0 * ((busy1 - busy0) - ours_cpu) / (total1 - total0)) if total1 > total0 else 0.0
+    if server_cpu is not None and core1[1] > core0[1]:
+        span = core1[1] - core0[1]
+        run.server_core_busy = 100.0 * (core1[0] - core0[0]) / span
+        run.server_core_other = max(0.0, run.server_core_busy - 100.0 * run.server_cpu / span)
+        run.stray = len(stray_threads(run.server.pid, server_cpu))
     (tmp / f"dnsperf-{run.round}-{run.label}{'-fixed' if run.fixed_qps else ''}.txt").write_text(
         " ".join(argv) + "\n" + out.stdout + out.stderr, encoding="utf-8")
     parse_dnsperf(out.stdout, run)
@@ -244,6 +310,9 @@ def show(run: Run, duration: int) -> None:
     print(f"    server CPU={run.server_cpu:.2f} s ({100 * run.server_cpu / duration:.0f}% of one core, "
           f"{run.us_per_query:.1f} µs/query); dnsperf CPU={run.dnsperf_cpu:.2f} s; other load on the machine "
           f"during the run: {run.background:.0f}% of all cores", flush=True)
+    if run.server_core_busy is not None:
+        print(f"    server's core: {run.server_core_busy:.0f}% busy, {run.server_core_other:.0f}% of it not this "
+              f"server; threads off the core: {run.stray}", flush=True)
     if run.memo_hits is not None and run.completed:
         print(f"    memo hits: {run.memo_hits} ({100 * run.memo_hits / run.completed:.1f}% of answers)", flush=True)
 
@@ -256,6 +325,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1, help="times to repeat the max-rate block")
     parser.add_argument("--no-yes", action="store_true", help="skip PowerDNS enable-lua-records=yes")
     parser.add_argument("--keep-tmp", action="store_true", help="keep configs, logs and raw dnsperf output")
+    parser.add_argument("--server-cpu", type=int, default=1, help="core every server under test is pinned to")
+    parser.add_argument("--load-cpu", type=int, default=0, help="core of dnsperf (and of this bench and its helpers)")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin (servers and dnsperf share all cores)")
     add_arguments(parser)
     args = parser.parse_args()
     if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 10:
@@ -264,9 +336,18 @@ def main() -> int:
         args.duration, args.rounds, args.fixed_qps, args.no_yes = 1, 1, 200, False
     need_tools("pdns_server", "dnsperf", "dig")
     variants = SMOKE_VARIANTS if args.smoke else VARIANTS
+    cores = os.sched_getaffinity(0)
+    if not args.no_pin and (not {args.server_cpu, args.load_cpu} <= cores or args.server_cpu == args.load_cpu):
+        print(f"!! can not pin: cores {sorted(cores)} do not hold two distinct --server-cpu {args.server_cpu} and "
+              f"--load-cpu {args.load_cpu}; running unpinned", flush=True)
+        args.no_pin = True
+    if not args.no_pin:
+        os.sched_setaffinity(0, {args.load_cpu})  # dnsperf, dig and the fake copies inherit it
 
     tmp = Path(tempfile.mkdtemp(prefix="dns-throughput."))
-    print(f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}  cores: {len(os.sched_getaffinity(0))}  "
+    pinning = "unpinned" if args.no_pin else (f"servers (all threads) on CPU {args.server_cpu}, dnsperf and helpers "
+                                              f"on CPU {args.load_cpu}")
+    print(f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}  cores: {len(cores)}  {pinning}  "
           f"tmp: {tmp}")
     print(f"background before start: {busy_percent(0.3 if args.smoke else 3):.0f}% of all cores busy (/proc/stat, "
           "processes of other users of this machine)", flush=True)
@@ -297,12 +378,16 @@ def measure(procs: Procs, tmp: Path, args: argparse.Namespace, variants: int, re
     nomemo = start_agent(procs, "agent-nomemo", AGENT_ZONE, checks=checks,
                          env={"REGION_AGENT_DNS__RESPONSE_MEMO_ENTRIES": "0"})
     servers = [s for s in (pdns, pdns_yes, agent, nomemo) if s is not None]
+    server_cpu = None if args.no_pin else args.server_cpu
     for server in servers:
         waited = wait_answer(server, PRIMARY, 30)
-        print(f"{server.name}: pid {server.pid}, port {server.port}, {server.threads()} threads, "
+        pinned = pin(server.pid, server_cpu) if server_cpu is not None else 0
+        where = f"all {pinned} threads pinned to CPU {server_cpu}" if server_cpu is not None else "unpinned"
+        print(f"{server.name}: pid {server.pid}, port {server.port}, {server.threads()} threads ({where}), "
               f"{server.notes}; '{HA_NAME} A' = {PRIMARY} after {waited:.2f} s")
         results.add(f"server {server.name}", pid=server.pid, threads=server.threads(), notes=server.notes,
-                    first_answer_s=round(waited, 3))
+                    first_answer_s=round(waited, 3), pinned_cpu=server_cpu, threads_pinned=pinned,
+                    load_cpu=None if args.no_pin else args.load_cpu)
     ecs_reply = subprocess.run(["dig", "@127.0.0.1", "-p", str(agent.port), HA_NAME, "A",
                                 "+subnet=192.0.2.0/24", "+time=1", "+tries=1"],
                                capture_output=True, text=True, timeout=5, check=False).stdout
@@ -319,6 +404,7 @@ def measure(procs: Procs, tmp: Path, args: argparse.Namespace, variants: int, re
     qha = query_file("ha", [HA_NAME])
     spellings = case_variants(HA_NAME, variants)
     q20 = query_file("ha-0x20", spellings)
+    qstatic20 = query_file("static-0x20", case_variants(STATIC_NAME, variants))
     randoms = random_names(variants)
     qrandom = query_file("random", randoms)
     qhot = query_file("random-hot", [spellings[i] if i % 4 == 0 else name for i, name in enumerate(randoms)])
@@ -327,17 +413,22 @@ def measure(procs: Procs, tmp: Path, args: argparse.Namespace, variants: int, re
 
     plan: list[Run] = []
     for rnd in range(1, args.rounds + 1):
-        plan += [Run("pdns-static", pdns, qstatic, round=rnd),
-                 Run("pdns-lua-shared", pdns, qha, round=rnd),
-                 Run("agent", agent, qha, round=rnd),
-                 Run("agent-0x20", agent, q20, round=rnd),
-                 Run("agent-nomemo-0x20", nomemo, q20, round=rnd),
-                 Run("agent-ecs", agent, qha, ecs, round=rnd),
-                 Run("agent-nomemo-0x20-ecs", nomemo, q20, ecs, round=rnd),
-                 Run("pdns-lua-shared-0x20", pdns, q20, round=rnd),
-                 Run("pdns-random", pdns, qrandom, round=rnd),
-                 Run("agent-random", agent, qrandom, round=rnd),
-                 Run("agent-random-hot", agent, qhot, round=rnd)]
+        plan += [  # per shape: PowerDNS static, PowerDNS LUA, the agent's memo hit and miss
+            Run("pdns-static", pdns, qstatic, round=rnd, shape="plain", kind="pdns-static"),
+            Run("pdns-lua-shared", pdns, qha, round=rnd, shape="plain", kind="pdns-lua"),
+            Run("agent", agent, qha, round=rnd, shape="plain", kind="agent-hit"),
+            Run("agent-nomemo", nomemo, qha, round=rnd, shape="plain", kind="agent-miss"),
+            Run("pdns-static-0x20", pdns, qstatic20, round=rnd, shape="0x20", kind="pdns-static"),
+            Run("pdns-lua-shared-0x20", pdns, q20, round=rnd, shape="0x20", kind="pdns-lua"),
+            Run("agent-0x20", agent, q20, round=rnd, shape="0x20", kind="agent-hit"),
+            Run("agent-nomemo-0x20", nomemo, q20, round=rnd, shape="0x20", kind="agent-miss"),
+            Run("pdns-static-0x20-ecs", pdns, qstatic20, ecs, round=rnd, shape="0x20-ecs", kind="pdns-static"),
+            Run("pdns-lua-shared-0x20-ecs", pdns, q20, ecs, round=rnd, shape="0x20-ecs", kind="pdns-lua"),
+            Run("agent-0x20-ecs", agent, q20, ecs, round=rnd, shape="0x20-ecs", kind="agent-hit"),
+            Run("agent-nomemo-0x20-ecs", nomemo, q20, ecs, round=rnd, shape="0x20-ecs", kind="agent-miss"),
+            Run("pdns-random", pdns, qrandom, round=rnd, shape="random", kind="pdns-nxdomain"),
+            Run("agent-random", agent, qrandom, round=rnd, shape="random", kind="agent-nxdomain"),
+            Run("agent-random-hot", agent, qhot, round=rnd)]
         if pdns_yes is not None:
             plan.append(Run("pdns-lua-yes", pdns_yes, qha, round=rnd))
     q = args.fixed_qps
@@ -353,7 +444,7 @@ def measure(procs: Procs, tmp: Path, args: argparse.Namespace, variants: int, re
     print(f"\n{len(plan)} dnsperf runs of {args.duration} s, -c {args.clients} (default -q 100):", flush=True)
     runs = []
     for run in plan:
-        execute(run, args.duration, args.clients, ours, tmp)
+        execute(run, args.duration, args.clients, ours, tmp, server_cpu)
         runs.append(run)
         show(run, args.duration)
         results.add(f"run {run.label}{' fixed' if run.fixed_qps else ''} r{run.round}", **run.record())
@@ -377,55 +468,49 @@ def check_smoke(runs: list[Run]) -> None:
     print(f"smoke: {len(runs)} runs, every one well formed")
 
 
-GOALS = [  # (name, numerator, denominator, goal or 0 for none)
-    ("agent / pdns-lua-shared", "agent", "pdns-lua-shared", 1.0),
-    ("agent / pdns-static", "agent", "pdns-static", 0.85),
-    ("agent-0x20 / pdns-static", "agent-0x20", "pdns-static", 0.85),
-    ("agent-nomemo-0x20 / pdns-static", "agent-nomemo-0x20", "pdns-static", 0.9),
-    ("agent-nomemo-0x20 / pdns-lua-shared", "agent-nomemo-0x20", "pdns-lua-shared", 1.0),
-    ("agent-ecs / pdns-lua-shared", "agent-ecs", "pdns-lua-shared", 1.0),
-    ("agent-nomemo-0x20-ecs / pdns-lua-shared", "agent-nomemo-0x20-ecs", "pdns-lua-shared", 1.0),
-    ("agent-0x20 / pdns-lua-shared-0x20", "agent-0x20", "pdns-lua-shared-0x20", 1.0),
-    ("agent-random / pdns-random", "agent-random", "pdns-random", 0.0),
-    ("agent-random / pdns-static", "agent-random", "pdns-static", 0.0),
-    ("pdns-random / pdns-static", "pdns-random", "pdns-static", 0.0),
-    ("pdns-lua-shared / pdns-static", "pdns-lua-shared", "pdns-static", 0.0),
-    ("agent / pdns-lua-yes", "agent", "pdns-lua-yes", 0.0),
-]
+# Goals of issue 23, µs per query of the agent ÷ PowerDNS static of the same shape (at most).
+GOALS = {"agent-hit": 1.0, "agent-miss": 1.2, "agent-nxdomain": 1.2}
+SHAPES = ("plain", "0x20", "0x20-ecs", "random")
+REFERENCE = {"agent-nxdomain": "pdns-nxdomain"}  # what an NXDOMAIN run is compared with (static has none)
 
 
 def summarize(runs: list[Run], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Print the summary and the ratios; return them for the results file."""
+    """Print the summary and the per-core ratios of µs per query; return them for the results file."""
     print("\n==================== SUMMARY ====================")
-    print(f"{'run':<22} {'rate':>8} {'queries/s':>10} {'avg ms':>7} {'p99 ms':>7} {'max ms':>7} {'lost':>5} "
-          f"{'srv CPU %':>9} {'µs/q':>6} {'bg %':>5} {'memo hit %':>10}")
+    print(f"{'run':<26} {'rate':>8} {'queries/s':>10} {'avg ms':>7} {'p99 ms':>7} {'max ms':>7} {'lost':>5} "
+          f"{'srv CPU %':>9} {'µs/q':>6} {'bg %':>5} {'core other %':>12} {'memo hit %':>10}")
     for run in runs:
         rate = f"-Q {run.fixed_qps}" if run.fixed_qps else f"max r{run.round}"
         p99 = f"{run.pct['p99']:.3f}" if run.pct else "-"
         hit = f"{100 * run.memo_hits / run.completed:.1f}" if run.memo_hits is not None and run.completed else "-"
-        print(f"{run.label:<22} {rate:>8} {run.qps:>10,.0f} {run.avg_ms:>7.3f} {p99:>7} {run.max_ms:>7.2f} "
+        other = f"{run.server_core_other:.0f}" if run.server_core_other is not None else "-"
+        print(f"{run.label:<26} {rate:>8} {run.qps:>10,.0f} {run.avg_ms:>7.3f} {p99:>7} {run.max_ms:>7.2f} "
               f"{run.lost:>5} {100 * run.server_cpu / args.duration:>9.0f} {run.us_per_query:>6.1f} "
-              f"{run.background:>5.0f} {hit:>10}")
-    print("\nratios of queries/s (same round):")
-    rounds = sorted({r.round for r in runs if not r.fixed_qps})
-    by = {(r.round, r.label): r for r in runs if not r.fixed_qps}
+              f"{run.background:>5.0f} {other:>12} {hit:>10}")
+    pinned = "per core (server on its own core)" if not args.no_pin else "UNPINNED"
+    print(f"\nratios of server µs per query, same shape, same round ({pinned}; lower is better):")
+    by = {(r.round, r.shape, r.kind): r for r in runs if not r.fixed_qps and r.shape}
     out: dict[str, dict[str, Any]] = {}
-    for name, a, b, goal in GOALS:
-        values = []
-        for rnd in rounds:
-            num, den = by.get((rnd, a)), by.get((rnd, b))
-            if num is None or den is None or not num.qps or not den.qps:
+    order = {shape: i for i, shape in enumerate(SHAPES)}
+    for (rnd, shape, kind), run in sorted(by.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9), kv[0][2])):
+        if not kind.startswith("agent") or not run.completed:
+            continue
+        for ref_kind in (REFERENCE.get(kind, "pdns-static"), "pdns-lua"):
+            ref = by.get((rnd, shape, ref_kind))
+            if ref is None or not ref.completed or not ref.us_per_query:
                 continue
-            value = num.qps / den.qps
-            values.append(round(value, 3))
-            verdict = f"  goal >= {goal:.2f}: {'met' if value >= goal else 'MISSED'}" if goal else ""
-            print(f"  round {rnd}: {name:<40} {value:>6.2f}{verdict}")
-        if values:
-            median = statistics.median(values)
-            if len(values) > 1:
-                print(f"  median over {len(values)} rounds: {name:<40} {median:.2f}")
-            out[f"ratio {name}"] = {"values": values, "median": median, "goal": goal or None,
-                                    "met": median >= goal if goal else None}
+            value = run.us_per_query / ref.us_per_query
+            goal = GOALS.get(kind) if ref_kind != "pdns-lua" else None
+            verdict = f"  goal <= {goal:.1f}: {'met' if value <= goal else 'MISSED'}" if goal else ""
+            name = f"{run.label} / {ref.label}"
+            print(f"  round {rnd}: {name:<46} {run.us_per_query:>6.2f} / {ref.us_per_query:>6.2f} µs = "
+                  f"{value:>5.2f}{verdict}")
+            entry = out.setdefault(f"ratio {name}", {"shape": shape, "kind": kind, "reference": ref_kind,
+                                                    "metric": "us_per_query", "values": [], "goal_at_most": goal})
+            entry["values"].append(round(value, 3))
+    for entry in out.values():
+        entry["median"] = statistics.median(entry["values"])
+        entry["met"] = entry["median"] <= entry["goal_at_most"] if entry["goal_at_most"] else None
     for run in runs:
         if run.fixed_qps and run.pct and run.label.startswith("agent"):
             verdict = "met" if run.pct["p99"] < 1.0 else "MISSED"

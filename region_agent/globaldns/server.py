@@ -1,6 +1,13 @@
 """UDP and TCP listeners around a :class:`Responder`.
 
-UDP answers in the datagram callback: no task, no await, so a query costs one callback.
+UDP is answered straight from the socket, without an asyncio transport: when the loop says it
+is readable, :class:`UdpListener` reads what the socket holds, at most ``UDP_BATCH`` datagrams
+per turn so nothing else on the loop waits long, answers each and sends the answers: one loop
+callback per burst instead of one per datagram, no task, no await. On Linux the reads and sends
+are batched, one ``recvmmsg`` and one ``sendmmsg`` per burst (:class:`_Mmsg`, through ctypes:
+the standard library has neither), since most of a memo hit's cost is the kernel's per-call
+work; elsewhere it is ``recvfrom`` until ``EAGAIN`` and one ``sendto`` per answer. A response
+the kernel will not take (a full send buffer) is dropped, as UDP may.
 
 TCP (RFC 7766) reads length-prefixed messages and answers them in arrival order (pipelined
 queries are allowed) with the length and message written together. What one connection can
@@ -27,16 +34,20 @@ Every refusal and close is counted by reason in :class:`DnsCounters`.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import ipaddress
 import logging
+import mmap
+import os
 import socket
 import struct
+import sys
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
-from region_agent.base.sockets import PortSharingError, set_port_sharing
+from region_agent.base.sockets import set_port_sharing
 from region_agent.globaldns.answer import Responder
 
 logger = logging.getLogger("region_agent.dns")
@@ -85,25 +96,202 @@ def source_key(address: str) -> str:
         return address
 
 
-class UdpProtocol(asyncio.DatagramProtocol):
-    def __init__(self, responder: Responder) -> None:
+UDP_BATCH = 64  # datagrams answered per readiness callback at most
+UDP_MAX_QUERY = 65535  # bytes read per datagram: any UDP payload, as the transport read
+_SLOT = 65536  # bytes per datagram in the batch buffers (a query and a response of any UDP size)
+
+
+def udp_socket(host: str, port: int, *, share: bool = False) -> socket.socket:
+    """A bound, non-blocking UDP socket for one listening address; :class:`BindError` if it can not be.
+
+    ``SO_REUSEADDR`` off and ``SO_REUSEPORT`` off, so no other process can bind the same address
+    and port and take part of the queries (nor start silently beside us); ``share``: ``SO_REUSEPORT``
+    on, for the agent's own ``dns.workers`` (the kernel shares the port only among sockets of our uid).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        # A deep receive buffer absorbs bursts while the loop is busy elsewhere.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        set_port_sharing(sock, share=share)
+        sock.setblocking(False)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise BindError(host, port, "udp", error) from None
+    return sock
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = (("base", ctypes.c_void_p), ("len", ctypes.c_size_t))
+
+
+class _Msghdr(ctypes.Structure):
+    _fields_ = (("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.c_void_p),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int))
+
+
+class _Mmsghdr(ctypes.Structure):
+    _fields_ = (("hdr", _Msghdr), ("len", ctypes.c_uint32))
+
+
+def _libc_mmsg() -> tuple[Any, Any] | None:
+    """libc's recvmmsg and sendmmsg (Linux), or None where there are none."""
+    if sys.platform != "linux":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        recvmmsg, sendmmsg = libc.recvmmsg, libc.sendmmsg
+    except (OSError, AttributeError):
+        return None
+    recvmmsg.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p)
+    sendmmsg.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int)
+    recvmmsg.restype = sendmmsg.restype = ctypes.c_int
+    return recvmmsg, sendmmsg
+
+
+_MMSG = _libc_mmsg()
+_MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
+_HDR = ctypes.sizeof(_Mmsghdr)
+_IOVEC = ctypes.sizeof(_Iovec)
+_LEN_AT = _Mmsghdr.len.offset
+_U32 = struct.Struct("=I")
+
+
+class _Mmsg:
+    """``UDP_BATCH`` slots for recvmmsg and as many for sendmmsg, each with its own address and
+    a ``_SLOT``-byte buffer (anonymous memory: only the pages a datagram touches are ever used).
+
+    Receive slot ``i`` keeps its address, iovec and length for good (the kernel writes back the
+    same address length a socket of one family always has), so a call sets nothing; a send slot
+    shares its receive slot's address and gets the bytes of one response copied in, and its
+    iovec's length.
+    """
+
+    def __init__(self, family: int) -> None:
+        n = UDP_BATCH
+        self.namelen = 16 if family == socket.AF_INET else 28  # sockaddr_in, sockaddr_in6
+        self.family = family
+        self.buffers = mmap.mmap(-1, 2 * n * _SLOT)
+        self.data = memoryview(self.buffers)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self.buffers))
+        self.names = ctypes.create_string_buffer(n * self.namelen)
+        self.names_view = memoryview(self.names).cast("B")
+        names = ctypes.addressof(self.names)
+        self.iovecs = (_Iovec * (2 * n))()
+        self.iovecs_view = memoryview(self.iovecs).cast("B")
+        self.recv = (_Mmsghdr * n)()
+        self.send = (_Mmsghdr * n)()
+        for i in range(2 * n):
+            self.iovecs[i].base, self.iovecs[i].len = base + i * _SLOT, _SLOT
+            msgs, k = (self.recv, i) if i < n else (self.send, i - n)
+            hdr = msgs[k].hdr
+            # Send slot k answers to receive slot k's address: the same bytes, nothing to copy
+            # unless an earlier datagram of the batch got no answer (then the address moves down).
+            hdr.name, hdr.namelen = names + k * self.namelen, self.namelen
+            hdr.iov, hdr.iovlen = ctypes.addressof(self.iovecs[i]), 1
+        self.send_data = n * _SLOT  # where the send slots' bytes and iovecs start
+        # msg_len of every receive slot, in one list: a strided view of the headers as uint32
+        self.lengths = memoryview(self.recv).cast("B").cast("I")[_LEN_AT // 4::_HDR // 4]
+        self.send_iov_len = n * ctypes.sizeof(_Iovec) + _Iovec.len.offset
+        self.sources: dict[bytes, str] = {}  # address bytes → text, for Responder (bounded)
+        self.keep = (base, names)  # the buffers stay exported (so mapped) while this lives
+
+    def source(self, i: int) -> str:
+        """The text address of receive slot ``i``'s sender, as ``recvfrom`` gives it."""
+        at = i * self.namelen
+        raw = bytes(self.names_view[at + 4:at + 8] if self.family == socket.AF_INET else
+                    self.names_view[at + 8:at + 24])
+        text = self.sources.get(raw)
+        if text is None:
+            if len(self.sources) >= 4096:
+                self.sources.clear()
+            text = self.sources[raw] = socket.inet_ntop(self.family, raw)
+        return text
+
+
+class UdpListener:
+    """Answers one UDP socket from the loop's readiness callback (no transport, see the module doc)."""
+
+    def __init__(self, sock: socket.socket, responder: Responder) -> None:
+        self.sock = sock
         self.respond = responder.respond
-        self.transport: asyncio.DatagramTransport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.fd = sock.fileno()
+        self.mmsg = _Mmsg(sock.family) if _MMSG is not None else None
+        self.loop.add_reader(self.fd, self._readable if self.mmsg is None else self._readable_batched)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """As a transport's: ``socket`` is the listening socket."""
+        return self.sock if name == "socket" else default
 
-    def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
-        try:
-            out = self.respond(data, str(addr[0]), tcp=False)
-        except Exception:  # a bug must cost one query, never the listener
-            logger.exception("error answering a UDP query")
+    def _readable_batched(self) -> None:
+        """One recvmmsg of up to ``UDP_BATCH`` datagrams, their answers in one sendmmsg."""
+        mmsg = self.mmsg
+        assert mmsg is not None and _MMSG is not None
+        recvmmsg, sendmmsg = _MMSG
+        count = recvmmsg(self.fd, mmsg.recv, UDP_BATCH, _MSG_DONTWAIT, None)
+        if count <= 0:
+            error = ctypes.get_errno()
+            if count < 0 and error not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                logger.debug("UDP receive error: %s", os.strerror(error))
             return
-        if out is not None and self.transport is not None:
-            self.transport.sendto(out, addr)
+        respond, source = self.respond, mmsg.source
+        data, names, iovecs, namelen = mmsg.data, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
+        send_data, send_iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _U32.pack_into
+        sending = 0
+        for i, length in enumerate(mmsg.lengths[:count].tolist()):
+            try:
+                out = respond(bytes(data[i * _SLOT:i * _SLOT + length]), source(i), tcp=False)
+            except Exception:  # a bug must cost one query, never the listener
+                logger.exception("error answering a UDP query")
+                continue
+            if out is None or len(out) > _SLOT:
+                continue
+            at = send_data + sending * _SLOT
+            data[at:at + len(out)] = out
+            if sending != i:  # an earlier one got no answer: this address moves down to its send slot
+                names[sending * namelen:(sending + 1) * namelen] = names[i * namelen:(i + 1) * namelen]
+            pack_len(iovecs, send_iov_len + sending * _IOVEC, len(out))
+            sending += 1
+        if sending:
+            sent = sendmmsg(self.fd, mmsg.send, sending, _MSG_DONTWAIT)
+            if sent < sending:  # a full send buffer: the rest of the answers are lost
+                logger.debug("UDP send: %d of %d answers sent (%s)", max(0, sent), sending,
+                             os.strerror(ctypes.get_errno()) if sent < 0 else "partial")
 
-    def error_received(self, exc: Exception) -> None:
-        logger.debug("UDP error: %s", exc)
+    def _readable(self) -> None:
+        """Without recvmmsg: recvfrom until EAGAIN (at most ``UDP_BATCH``), one sendto per answer."""
+        recvfrom = self.sock.recvfrom
+        sendto = self.sock.sendto
+        respond = self.respond
+        for _ in range(UDP_BATCH):
+            try:
+                data, addr = recvfrom(UDP_MAX_QUERY)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # an error queued on the socket: reported once, then reading goes on
+                logger.debug("UDP receive error: %s", error)
+                continue
+            try:
+                out = respond(data, addr[0], tcp=False)
+            except Exception:  # a bug must cost one query, never the listener
+                logger.exception("error answering a UDP query")
+                continue
+            if out is not None:
+                try:
+                    sendto(out, addr)
+                except OSError as error:  # a full send buffer, an unroutable source: this answer is lost
+                    logger.debug("UDP send error to %s: %s", addr[0], error)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            self.fd = -1
+            self.sock.close()
 
 
 class TcpProtocol(asyncio.BufferedProtocol):
@@ -332,7 +520,7 @@ class DnsServer:
         self.connections: OrderedDict[TcpProtocol, None] = OrderedDict()
         self.per_source: Counter[str] = Counter()
         self.read_buffer = memoryview(bytearray(_READ_CHUNK))
-        self._udp: list[asyncio.DatagramTransport] = []
+        self._udp: list[UdpListener] = []
         self._tcp: list[asyncio.Server] = []
         self.bound: list[tuple[str, int]] = []
 
@@ -384,30 +572,9 @@ class DnsServer:
     async def _bind(self, host: str, port: int) -> None:
         """UDP and TCP on one (host, port), or neither: a half-bound address is undone."""
         loop = asyncio.get_running_loop()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # No SO_REUSEADDR nor SO_REUSEPORT on UDP: with them another process could bind the same
-        # address and port and take our queries, and we would start silently beside it.
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        # A deep receive buffer absorbs bursts while the loop is busy elsewhere.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        if self.share_port:  # dns.workers: the kernel shares the port only among sockets of our uid
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as error:
-            sock.close()
-            raise BindError(host, port, "udp", error) from None
+        sock = udp_socket(host, port, share=self.share_port)  # no event loop transport: nothing turns options on
         actual_port = sock.getsockname()[1]
-        transport, _ = await loop.create_datagram_endpoint(lambda: UdpProtocol(self.responder), sock=sock)
-        try:
-            # uvloop turned SO_REUSEADDR on as it took the socket: off again, or no start.
-            set_port_sharing(transport.get_extra_info("socket"), share=self.share_port)
-        except PortSharingError as error:
-            transport.close()
-            await asyncio.sleep(0)
-            raise BindError(host, actual_port, "udp", error) from None
+        transport = UdpListener(sock, self.responder)
         try:
             # TCP keeps SO_REUSEADDR so a restart is not refused by the last run's TIME_WAIT sockets;
             # on Linux it does not let a second listener share the port.
@@ -415,7 +582,6 @@ class DnsServer:
                                               reuse_port=self.share_port or None, backlog=512)
         except OSError as error:
             transport.close()
-            await asyncio.sleep(0)  # the transport closes its socket on the next loop turn
             raise BindError(host, actual_port, "tcp", error) from None
         self._udp.append(transport)
         self._tcp.append(server)

@@ -115,12 +115,17 @@ def _proximity_eval(lines: Lines) -> None:
 def _dns_throughput(lines: Lines) -> None:
     runs = [line for line in lines if line["name"].startswith("run ")]
     labels = {line["label"] for line in runs}
-    assert {"pdns-static", "pdns-lua-shared", "pdns-lua-yes", "agent", "agent-0x20", "agent-nomemo-0x20",
+    assert {"pdns-static", "pdns-lua-shared", "pdns-lua-yes", "agent", "agent-nomemo", "agent-0x20",
+            "agent-nomemo-0x20", "pdns-static-0x20", "pdns-static-0x20-ecs", "agent-0x20-ecs", "agent-nomemo-0x20-ecs",
             "pdns-random", "agent-random", "agent-random-hot"} <= labels
     for line in runs:
         assert line["completed"] > 0 and line["dnsperf_exit"] == 0, line["label"]
         _number(line["qps"])
         _number(line["us_per_query"])
+        assert line["stray_threads"] == 0, f"{line['label']}: server threads off the server's core"
+    ratios = [line for line in lines if line["name"].startswith("ratio ")]
+    assert ratios and all(line["metric"] == "us_per_query" for line in ratios)
+    assert {line["shape"] for line in ratios} == {"plain", "0x20", "0x20-ecs", "random"}
     hot = [line for line in runs if line["label"] == "agent-random-hot"]
     assert all(line["memo_hits"] > 0 for line in hot), "the hot name was never served from the memo"
     assert any(line["name"].startswith("ratio ") for line in lines)

@@ -64,10 +64,14 @@ def test_a_squatter_under_any_uid_can_not_bind_beside_the_server(loop: str, host
     RUNNERS[loop](_squatters_refused(host))
 
 
-@pytest.mark.skipif("uvloop" not in RUNNERS, reason="uvloop is what turns SO_REUSEADDR on")
+@pytest.mark.skipif("uvloop" not in RUNNERS, reason="uvloop is the loop the agent runs")
 def test_with_the_options_left_on_the_squatter_binds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The old behaviour: uvloop's SO_REUSEADDR left on lets nobody's squatter in."""
-    monkeypatch.setattr(server_module, "set_port_sharing", lambda sock, share=False: None)
+    """The old behaviour: SO_REUSEADDR left on (as uvloop's transport set it) lets nobody's squatter in.
+
+    No transport takes the UDP socket any more (``UdpListener``), so the option is put on here.
+    """
+    monkeypatch.setattr(server_module, "set_port_sharing",
+                        lambda sock, share=False: sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1))
 
     async def scenario() -> None:
         srv = _server()
