@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
-import ipaddress
 import logging
 import mmap
 import os
@@ -47,7 +46,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, cast
 
-from region_agent.base.sockets import set_port_sharing
+from region_agent.base.sockets import set_port_sharing, source_key
 from region_agent.globaldns.answer import Responder
 
 logger = logging.getLogger("region_agent.dns")
@@ -84,16 +83,6 @@ class BindError(OSError):
 
     def __str__(self) -> str:
         return f"{self.setting}: can not listen on {self.address}: {self.reason}"
-
-
-def source_key(address: str) -> str:
-    """Whose share a connection counts against: the IPv4 address, or the IPv6 /64."""
-    if ":" not in address:
-        return address
-    try:
-        return str(ipaddress.IPv6Network((address.partition("%")[0], 64), strict=False))
-    except ValueError:
-        return address
 
 
 UDP_BATCH = 64  # datagrams answered per readiness callback at most

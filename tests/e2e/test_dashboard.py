@@ -29,7 +29,7 @@ from region_agent.kube.resources import KNATIVE_SERVICES, PODS
 from tests.conftest import wait_for
 from tests.e2e.cluster import APEX, Cluster, three_regions
 from tests.fakes.control_plane import FakeControlPlane
-from tests.fakes.kube_api import FakeKubeApi
+from tests.fakes.kube_api import FakeKubeApi, write_kubeconfig
 from tests.fakes.kube_objects import knative_service, pod
 from tests.fakes.ports import free_port
 
@@ -56,15 +56,7 @@ async def usage_agent(tmp_path: Path) -> AsyncIterator[Agent]:
     plane, api = FakeControlPlane(), FakeKubeApi()
     await plane.start()
     url = await api.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""
-apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: "{url}"}}}}]
-users: [{{name: agent, user: {{token: test-token}}}}]
-contexts: [{{name: fake, context: {{cluster: fake, user: agent}}}}]
-current-context: fake
-""")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
     zone = tmp_path / "k-zone.yaml"
     zone.write_text("regions:\n  sfo1: {ipv4: [127.0.0.31], ns_ipv4: [127.0.0.1]}\n"
                     "projects:\n  shop: {regions: [sfo1]}\n")

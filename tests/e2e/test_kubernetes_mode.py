@@ -21,7 +21,7 @@ from region_agent.kube.resources import KNATIVE_SERVICES, PODS
 from tests.conftest import wait_for
 from tests.fakes.control_plane import FakeControlPlane
 from tests.fakes.dns_client import ask, rdata_texts
-from tests.fakes.kube_api import FakeKubeApi
+from tests.fakes.kube_api import FakeKubeApi, write_kubeconfig
 from tests.fakes.kube_objects import knative_service, pod
 
 ZONE_FILE = """
@@ -31,18 +31,6 @@ regions:
 projects:
   shop: {regions: [sfo1, ams1], primary: sfo1}
 """
-
-
-def _kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(f"""
-apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: "{url}"}}}}]
-users: [{{name: agent, user: {{token: test-token}}}}]
-contexts: [{{name: fake, context: {{cluster: fake, user: agent}}}}]
-current-context: fake
-""")
-    return path
 
 
 @pytest.fixture
@@ -69,7 +57,7 @@ async def world(
         checks={"host": "runr-health.g.example.com", "port": backup.port, "interval": 0.3,
                 "timeout": 0.3},
         health={"listen_addresses": ["127.0.0.1"], "port": 0, "operator_port": 0},
-        kube={"config": "kubeconfig", "kubeconfig": str(_kubeconfig(tmp_path / "kubeconfig", url)),
+        kube={"config": "kubeconfig", "kubeconfig": str(write_kubeconfig(tmp_path / "kubeconfig", url)),
               "cnpg": {"enabled": False}, "node_name": "node-a"},
         usage={"spool_path": str(tmp_path / "usage.sqlite3"), "endpoint_url": control_plane.url,
                "token": control_plane.token, "token_file": None, "checkpoint_interval": 60, "report_interval": 0.2},

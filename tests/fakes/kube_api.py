@@ -41,6 +41,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -78,6 +79,18 @@ class _Requirement:
         if self.op in ("=", "in"):
             return present and value in self.values
         return not present or value not in self.values  # "!=", "notin"
+
+
+def write_kubeconfig(path: Path, server: str, token: str = "test-token") -> Path:
+    """A kubeconfig for the real client library: one cluster at ``server``, a bearer ``token``."""
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server}"}}}}]
+users: [{{name: agent, user: {{token: {token}}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: agent}}}}]
+current-context: fake
+""")
+    return path
 
 
 def _split_top_level(text: str) -> list[str]:

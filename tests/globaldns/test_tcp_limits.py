@@ -21,10 +21,11 @@ from typing import Any
 import dns.rcode
 import pytest
 
+from region_agent.base.sockets import source_key
 from region_agent.globaldns.answer import Responder
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
 from region_agent.globaldns.metrics import DnsCounters
-from region_agent.globaldns.server import DnsServer, TcpLimits, TcpProtocol, source_key
+from region_agent.globaldns.server import DnsServer, TcpLimits, TcpProtocol
 from region_agent.globaldns.tables import ZoneHolder, ZoneTables
 from region_agent.state.model import CopyHealth, Mode, Project, Region
 from tests.conftest import wait_for

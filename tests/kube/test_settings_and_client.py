@@ -11,6 +11,7 @@ from region_agent.kube.client import KubeConfigError, api_client_for, build_api_
 from region_agent.kube.resources import KNATIVE_SERVICES
 from region_agent.kube.settings import KubeSettings, WatchSettings
 from tests.fakes.kube_api import FakeKubeApi
+from tests.fakes.kube_api import write_kubeconfig as fake_kubeconfig
 from tests.fakes.kube_objects import knative_service
 
 
@@ -38,20 +39,7 @@ def test_bad_settings_name_the_field(values: dict[str, object], field: str) -> N
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster: {{server: "{server}"}}
-users:
-- name: tester
-  user: {{token: secret-token}}
-contexts:
-- name: fake
-  context: {{cluster: fake, user: tester}}
-current-context: fake
-""")
-    return path
+    return fake_kubeconfig(path, server, token="secret-token")
 
 
 async def test_kubeconfig_client_talks_to_the_api(fake: FakeKubeApi, tmp_path: Path) -> None:
