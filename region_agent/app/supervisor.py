@@ -332,6 +332,10 @@ class Agent:
         await self.tasks.stop(budget=self.settings.shutdown_budget)
         if self.cluster is not None:
             await self.cluster.stop()
+        await self._close_listeners()
+
+    async def _close_listeners(self) -> None:
+        """Health, DNS, the Kubernetes client and the trace exporter, after the loops and the gossip."""
         with contextlib.suppress(Exception):
             await self.health.stop()
         await self.dns.stop()
@@ -363,13 +367,7 @@ class Agent:
             if node is not None and node.membership is not None:
                 node.membership.stop()  # silent: a node that never joined has nobody to tell it leaves
             await self.cluster.stop()
-        with contextlib.suppress(Exception):
-            await self.health.stop()
-        await self.dns.stop()
-        if self._kube_api is not None:
-            await self._kube_api.close()
-        if self.tracing is not None:
-            await self.tracing.shutdown()  # bounded: a dead collector does not hold up the stop
+        await self._close_listeners()
 
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT, stop."""

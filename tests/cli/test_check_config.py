@@ -21,6 +21,7 @@ from region_agent.app.settings import load_settings
 from region_agent.app.supervisor import Agent
 from region_agent.cli import main as cli_main
 from region_agent.cli.main import main
+from tests.fakes.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTEyMzQ="  # base64 of 32 bytes
@@ -44,11 +45,6 @@ def _never_start(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.fail("run started the agent: the config was not refused")
     monkeypatch.setattr(cli_main, "_run", refuse)
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

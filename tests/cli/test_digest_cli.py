@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from region_agent.cli.inspect import cmd_digest
+from tests.fakes.operator_listener import operator_listener
 
 ME = {"region": "sfo1", "node": "n1", "digest": "aa" * 16}
 
@@ -19,27 +17,8 @@ ME = {"region": "sfo1", "node": "n1", "digest": "aa" * 16}
 @pytest.fixture
 def served() -> Iterator[tuple[str, dict[str, Any]]]:
     answer: dict[str, Any] = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", answer
-    finally:
-        server.shutdown()
-        server.server_close()
+    with operator_listener({"/v1/digests": answer}) as (port, _asked):
+        yield f"http://127.0.0.1:{port}", answer
 
 
 def _run(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

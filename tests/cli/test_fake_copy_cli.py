@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -10,12 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.conftest import wait_for_sync
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.fakes.ports import free_port
 
 
 def _status(url: str) -> int:
@@ -27,7 +21,7 @@ def _status(url: str) -> int:
 
 
 def test_fake_copy_answers_as_told_and_follows_its_state_file(tmp_path: Path) -> None:
-    port, state, log = _free_port(), tmp_path / "copy.state", tmp_path / "copy.log"
+    port, state, log = free_port(), tmp_path / "copy.state", tmp_path / "copy.log"
     cli = Path(sys.executable).parent / "region-agent"
     process = subprocess.Popen([str(cli), "fake-copy", "--bind", "127.0.0.1", "--port", str(port), "--state", "down",
                                 "--state-file", str(state), "--log", str(log)],

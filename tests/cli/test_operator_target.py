@@ -5,11 +5,8 @@ reported as the file, not as the URL."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import yaml
 
 from region_agent.cli.main import main
 from region_agent.cli.operator_client import DEFAULT_URL, operator_target, operator_url
+from tests.fakes.operator_listener import operator_listener
 
 TOKEN = "s3cret-operator-token"
 ANSWERS = {
@@ -39,33 +37,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def operator() -> Iterator[tuple[int, list[str]]]:
     """A stand-in operator listener on 127.0.0.1 that wants the bearer token; the paths asked."""
-    asked: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                self.send_response(401)
-                self.end_headers()
-                return
-            body = json.dumps(ANSWERS[self.path]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1]), asked
-    finally:
-        server.shutdown()
-        server.server_close()
+    with operator_listener(ANSWERS, TOKEN) as served:
+        yield served
 
 
 def agent_config(tmp_path: Path, port: int) -> str:

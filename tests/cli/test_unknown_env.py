@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import re
-import socket
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import yaml
 from region_agent.app.settings import NON_SETTINGS_ENV, settings_env_names, unknown_env_variables
 from region_agent.cli import main as cli_main
 from region_agent.cli.main import main
+from tests.fakes.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TYPOS = {"REGION_AGENT_DNS__PROT", "REGION_AGENT_GOSIP__SEEDS", "REGION_AGENT_WHATEVER", "REGION_AGENT_LOGLEVEL",
@@ -40,11 +40,6 @@ def root_handlers() -> Iterator[None]:
     root.handlers[:] = handlers
     root.setLevel(level)
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def config_file(tmp_path: Path) -> str:

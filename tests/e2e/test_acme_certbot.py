@@ -12,7 +12,6 @@ import asyncio
 import base64
 import os
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from region_agent.app.settings import AgentSettings
 from region_agent.app.supervisor import Agent
 from tests.conftest import wait_for
+from tests.fakes.ports import free_port
 
 CERTBOT = "/usr/bin/certbot"
 ZONE = "g.example.com"
@@ -35,11 +35,6 @@ pytestmark = [
                               "(scripts/system-packages.sh)"),
 ]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -83,11 +78,11 @@ async def _tls_pair(directory: Path) -> tuple[Path, Path]:
 async def pebble(tmp_path: Path, agent: Agent) -> AsyncIterator[tuple[str, Path]]:
     """A Pebble CA that validates DNS-01 by asking the agent; yields its directory URL and TLS certificate."""
     cert, key = await _tls_pair(tmp_path)
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "pebble.json"
     config.write_text(f'{{"pebble": {{"listenAddress": "127.0.0.1:{port}", "managementListenAddress": '
-                      f'"127.0.0.1:{_free_port()}", "certificate": "{cert}", "privateKey": "{key}", '
-                      f'"httpPort": {_free_port()}, "tlsPort": {_free_port()}, "ocspResponderURL": "", '
+                      f'"127.0.0.1:{free_port()}", "certificate": "{cert}", "privateKey": "{key}", '
+                      f'"httpPort": {free_port()}, "tlsPort": {free_port()}, "ocspResponderURL": "", '
                       f'"externalAccountBindingRequired": false}}}}')
     env = {**os.environ, "PEBBLE_VA_NOSLEEP": "1", "PEBBLE_WFE_NONCEREJECT": "0", "PEBBLE_AUTHZREUSE": "0"}
     process = await asyncio.create_subprocess_exec(
