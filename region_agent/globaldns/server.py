@@ -147,7 +147,7 @@ _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 _HDR = ctypes.sizeof(_Mmsghdr)
 _IOVEC = ctypes.sizeof(_Iovec)
 _LEN_AT = _Mmsghdr.len.offset
-_U32 = struct.Struct("=I")
+_SIZE_T = struct.Struct("@N")   # an iovec length: size_t, native order (was 4 bytes: right on little-endian only)
 
 
 class _Mmsg:
@@ -230,7 +230,7 @@ class UdpListener:
             return
         respond, source = self.respond, mmsg.source
         data, names, iovecs, namelen = mmsg.data, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
-        send_data, send_iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _U32.pack_into
+        send_data, send_iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _SIZE_T.pack_into
         sending = 0
         for i, length in enumerate(mmsg.lengths[:count].tolist()):
             try:
@@ -246,11 +246,20 @@ class UdpListener:
                 names[sending * namelen:(sending + 1) * namelen] = names[i * namelen:(i + 1) * namelen]
             pack_len(iovecs, send_iov_len + sending * _IOVEC, len(out))
             sending += 1
-        if sending:
-            sent = sendmmsg(self.fd, mmsg.send, sending, _MSG_DONTWAIT)
-            if sent < sending:  # a full send buffer: the rest of the answers are lost
-                logger.debug("UDP send: %d of %d answers sent (%s)", max(0, sent), sending,
-                             os.strerror(ctypes.get_errno()) if sent < 0 else "partial")
+        # sendmmsg stops at the first answer the kernel refuses (a full buffer, or a source it can not
+        # send to: port 0, unroutable): that one is skipped and the rest still go, unless the buffer is full.
+        done, first = 0, ctypes.addressof(mmsg.send)
+        while done < sending:
+            sent = sendmmsg(self.fd, first + done * _HDR, sending - done, _MSG_DONTWAIT)
+            if sent > 0:
+                done += sent
+                continue
+            error = ctypes.get_errno()
+            if error in (errno.EAGAIN, errno.EWOULDBLOCK):
+                logger.debug("UDP send buffer full: %d of %d answers lost", sending - done, sending)
+                break
+            logger.debug("UDP send: one answer not sent (%s)", os.strerror(error))
+            done += 1
 
     def _readable(self) -> None:
         """Without recvmmsg: recvfrom until EAGAIN (at most ``UDP_BATCH``), one sendto per answer."""

@@ -19,7 +19,10 @@ import sys
 import time
 from typing import Any
 
+import dns.rcode
+
 from region_agent.base.gc_pause import freeze_survivors
+from region_agent.globaldns.acme.service import header_only
 from region_agent.globaldns.answer import Responder, ResponderLimits
 from region_agent.globaldns.compiler import CompileReport, _compile_infrastructure
 from region_agent.globaldns.geoip.proximity import GeoDatabase, ProximityMap, Site
@@ -71,7 +74,7 @@ class Forwarder:
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
         if self.tokens < 1:
-            return _bare_refused(data)
+            return header_only(data, dns.rcode.REFUSED)
         self.tokens -= 1
         self.request += 1
         self.sock.settimeout(FORWARD_TIMEOUT)
@@ -93,12 +96,6 @@ class Forwarder:
         except (TimeoutError, OSError):
             logger.warning("UPDATE forwarded to the main process: no answer within %.1f s", FORWARD_TIMEOUT)
             return None
-
-
-def _bare_refused(data: bytes) -> bytes | None:
-    if len(data) < 12:
-        return None
-    return data[:2] + bytes((0x80 | (data[2] & 0x78), 5)) + b"\0" * 8
 
 
 class Worker:

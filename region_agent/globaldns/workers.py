@@ -145,6 +145,8 @@ class DnsWorkers:
         self.latest: ZoneTables | None = None
         self.withheld = False
         self.forwarded = 0
+        self.forward_errors = 0   # forwarded UPDATEs whose handler raised
+        self.feed_failure: str | None = None   # why the last feed of the tables failed, while it does
         self._geo_locator: object = None
         self._geo_token = 0
         self._geo_message: tuple[Any, ...] = ("geo", 0, None, ())
@@ -223,6 +225,8 @@ class DnsWorkers:
             elif slot.behind_since is not None and now - slot.behind_since > LAG_SECONDS:
                 lines.append(f"dns worker {slot.index} (pid {slot.pid}) answers zone generation {slot.acked_gen}, "
                              f"{self.gen - slot.acked_gen} behind for {now - slot.behind_since:.1f} s")
+        if self.feed_failure is not None:
+            lines.append(f"dns workers: feeding the tables failed ({self.feed_failure}); they answer the last they got")
         return tuple(lines)
 
     def answers_by_worker(self) -> list[int]:
@@ -308,6 +312,11 @@ class DnsWorkers:
                     slot.ready.set_exception(WorkerStartError(message[1]))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the process is gone: the supervisor sees it exit
+        except Exception as error:
+            logger.error("dns worker %d sent a report that could not be read (%r): restarting it", slot.index, error)
+            if slot.process is not None and slot.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.process.kill()
         finally:
             if slot.ready is not None and not slot.ready.done():
                 slot.ready.set_exception(WorkerStartError(f"dns.workers: worker {slot.index} exited while starting"))
@@ -318,7 +327,13 @@ class DnsWorkers:
             while True:
                 request_id, data, source, tcp, our_payload = pickle.loads(await read_frame(reader))
                 handler = self._updates()
-                out = None if handler is None else handler(data, source, tcp=tcp, our_payload=our_payload)
+                try:
+                    out = None if handler is None else handler(data, source, tcp=tcp, our_payload=our_payload)
+                except Exception:  # a bug must cost one UPDATE, never the worker's forwarding
+                    self.forward_errors += 1
+                    if self.forward_errors == 1 or self.forward_errors % 1000 == 0:
+                        logger.exception("error answering a forwarded UPDATE (%d so far)", self.forward_errors)
+                    out = None
                 self.forwarded += 1
                 writer.write(frame((request_id, out)))
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -345,8 +360,8 @@ class DnsWorkers:
             try:
                 await self._spawn(slot)
                 logger.info("dns worker %d restarted (pid %s)", slot.index, slot.pid)
-            except (OSError, WorkerStartError) as error:
-                logger.error("dns worker %d did not restart: %s", slot.index, error)
+            except Exception as error:
+                logger.error("dns worker %d did not restart: %r", slot.index, error)
                 if slot.process.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         slot.process.kill()
@@ -384,7 +399,13 @@ class DnsWorkers:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self._publish_once()
+            try:
+                await self._publish_once()
+                self.feed_failure = None
+            except Exception as error:
+                if self.feed_failure is None:
+                    logger.exception("dns workers: feeding the tables failed; retrying at the next change")
+                self.feed_failure = repr(error)[:300]
 
     async def _publish_once(self) -> None:
         target, gen = self.latest, self.gen

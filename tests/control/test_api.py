@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from region_agent.base.request_ids import is_valid_request_id
 from region_agent.cluster.members import MemberRow, member_rows
 from region_agent.control import PREFIX, ROUTES, ControlAPI, IdempotencyCache
 from region_agent.control.api import Route, etag
+from region_agent.control.validation import json_depth
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
 from region_agent.gossip.membership import MemberView
 from region_agent.gossip.messages import Address, Member, Role, State
@@ -580,3 +582,13 @@ async def test_a_retry_replays_at_another_agent_and_after_a_restart(aiohttp_clie
     here.api(BearerToken(token_file)).install(restarted)
     c = await aiohttp_client(restarted)
     assert (await _call(c, "DELETE", "/v1/projects/shop", headers=delete))[2].get("Idempotent-Replayed") == "true"
+
+
+def test_the_depth_count_is_linear_in_the_body() -> None:
+    """A body of escaped quotes with no closing one made every quote scan to the end: 17 s for 64 KiB."""
+    hostile = b'"' + b'\\"' * 32_000   # 64 KiB, the body bound
+    started = time.perf_counter()
+    assert json_depth(hostile) == 0
+    assert time.perf_counter() - started < 0.5
+    assert json_depth(b'{"a": "x[[[\\"]]", "b": [[1]]}') == 3   # brackets in strings, escapes, do not count
+    assert json_depth(b"[" * 40 + b"]" * 40, stop_above=16) == 17

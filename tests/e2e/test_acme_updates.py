@@ -218,7 +218,10 @@ async def test_unsigned_junk_at_200_per_second_never_starves_a_signed_client(age
     junk = [_adding(value='"junk"').to_wire(),  # unsigned, from the same address as the signed client
             _signed(_adding(value='"junk"'), secret=wrong).to_wire()]  # our key's name, a bad MAC
     flood = asyncio.create_task(_flood(port, junk, per_second=JUNK_PER_SECOND, seconds=FLOOD_SECONDS))
-    await asyncio.sleep(0.5)  # let the flood drain the budgets first, as the measured incident did
+    # the flood first drains the unverified budget, as in the measured incident
+    await wait_for(lambda: agent.registry.get_sample_value("region_agent_dns_update_limited_total",
+                                                           {"budget": "unverified"}), timeout=5,
+                   message="the junk refused by its own budget")
     rcodes = await _signed_adds(port, 16, spacing=(FLOOD_SECONDS - 1.0) / 16)
     sent = await flood
     accepted = rcodes.count(dns.rcode.NOERROR)

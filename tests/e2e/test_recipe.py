@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -64,12 +63,14 @@ def test_the_three_agent_recipe_runs_as_written(tmp_path: Path) -> None:
         for pid_file in tmp_path.glob("*.pid"):   # what the recipe started, by PID
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
-        deadline = time.monotonic() + 20
         for pid_file in tmp_path.glob("*.pid"):
-            pid = int(pid_file.read_text())
-            while time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
+            wait_for_sync(functools.partial(_gone, int(pid_file.read_text())), timeout=20, interval=0.1,
+                          message=f"{pid_file.stem} stopped")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

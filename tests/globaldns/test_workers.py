@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import dns.message
 import dns.rdatatype
@@ -25,6 +25,7 @@ from region_agent.globaldns.settings import DnsSettings
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
 from region_agent.state.store import Store
+from tests.conftest import wait_for
 
 ZONE = "g.example.com"
 QUERIES = 300  # per batch, one source port each
@@ -54,14 +55,6 @@ def _ask_many(port: int, name: str, count: int) -> list[set[str] | None]:
                 continue
             out.append({item.address for rrset in reply.answer for item in rrset})
     return out
-
-
-async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 REGISTRY: dict[int, CollectorRegistry] = {}  # each service's registry, by id
@@ -94,13 +87,16 @@ def _port(zone: ZoneService) -> int:
 
 async def _answered_by_both(zone: ZoneService, name: str, expected: set[str]) -> tuple[list[int], float]:
     """A batch from many ports: every answer is ``expected`` and both workers answered part of it."""
-    assert zone.workers is not None
-    before = zone.workers.answers_by_worker()
+    workers = zone.workers
+    assert workers is not None
+    before = workers.answers_by_worker()
     answers = await asyncio.to_thread(_ask_many, _port(zone), name, QUERIES)
     assert all(a == expected for a in answers), [a for a in answers if a != expected][:5]
-    await _until(lambda: sum(zone.workers.answers_by_worker()) - sum(before) >= QUERIES,  # type: ignore[union-attr]
-                 5, "the workers report their counts")
-    share = [now - then for now, then in zip(zone.workers.answers_by_worker(), before, strict=True)]
+
+    def reported() -> bool:
+        return sum(workers.answers_by_worker()) - sum(before) >= QUERIES
+    await wait_for(reported, timeout=5, interval=0.05, message="the workers report their counts")
+    share = [now - then for now, then in zip(workers.answers_by_worker(), before, strict=True)]
     return share, min(share) / QUERIES
 
 
@@ -124,7 +120,7 @@ async def test_a_change_reaches_both_workers(service: ZoneService) -> None:
     service.store.put(copy_key("p2", "sfo1"), CopyHealth(healthy=False, reason="down"))  # a copy going down
     service.store.put(project_key("fresh"), Project("fresh", ("ams1",)))  # a new project
     await service.compiled()
-    await _until(service.workers.in_step, 5, "both workers acknowledge the new tables")
+    await wait_for(service.workers.in_step, timeout=5, interval=0.05, message="both workers acknowledge the new tables")
     reached = time.monotonic() - started
     share, _ = await _answered_by_both(service, f"p2.{ZONE}", {"192.0.2.2"})
     fresh, _ = await _answered_by_both(service, f"fresh.{ZONE}", {"192.0.2.2"})
@@ -139,10 +135,11 @@ async def test_a_killed_worker_is_restarted_counted_and_shown(service: ZoneServi
     old_pid = victim.pid
     assert old_pid is not None
     os.kill(old_pid, signal.SIGKILL)
-    await _until(lambda: any("dns worker 0 down" in p for p in workers.problems()), 5, "the problem shows")
+    await wait_for(lambda: any("dns worker 0 down" in p for p in workers.problems()), timeout=5, interval=0.05,
+                   message="the problem shows")
     started = time.monotonic()
-    await _until(lambda: victim.restarts == 1 and victim.pid != old_pid and not workers.problems()
-                 and workers.in_step(), 20, "the worker restarts")
+    await wait_for(lambda: victim.restarts == 1 and victim.pid != old_pid and not workers.problems()
+                   and workers.in_step(), timeout=20, interval=0.05, message="the worker restarts")
     print(f"worker 0 restarted in {time.monotonic() - started:.2f} s after it was seen down (pid {old_pid} → "
           f"{victim.pid}), restarts {victim.restarts}")
     share, _ = await _answered_by_both(service, f"p3.{ZONE}", {"192.0.2.1"})

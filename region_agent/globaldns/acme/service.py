@@ -120,10 +120,10 @@ class AcmeUpdates:
         except UnparseableError as error:
             self.metrics.updates.labels("formerr").inc()
             logger.info("UPDATE from %s: malformed (%s)", source, str(error)[:100])
-            return _header_only(data, dns.rcode.FORMERR)
+            return header_only(data, dns.rcode.FORMERR)
         opcode = verified.message.opcode()
         if opcode not in (dns.opcode.UPDATE, dns.opcode.QUERY):
-            return _header_only(data, dns.rcode.NOTIMP)
+            return header_only(data, dns.rcode.NOTIMP)
         if verified.verdict is not Verdict.OK:
             if known and not self.budgets.take_unverified():
                 return self._limited("unverified", data)
@@ -133,7 +133,7 @@ class AcmeUpdates:
             return refusal
         if opcode == dns.opcode.QUERY:
             if where is None:  # dnspython read it but the walk did not: nothing to strip the TSIG from
-                return _header_only(data, dns.rcode.FORMERR)
+                return header_only(data, dns.rcode.FORMERR)
             return self._signed_query(verified, data, where, source, tcp=tcp, our_payload=our_payload)
         return self._update(verified, source)
 
@@ -173,7 +173,7 @@ class AcmeUpdates:
         """Past the unverified budget: a bare REFUSED, nothing parsed and nothing logged."""
         self.metrics.limited.labels(budget).inc()
         self.metrics.updates.labels(f"limited-{budget}").inc()
-        return _header_only(data, dns.rcode.REFUSED)
+        return header_only(data, dns.rcode.REFUSED)
 
     def _count(self, verified: Verified, result: str) -> None:
         family = self.metrics.signed_queries if verified.message.opcode() == dns.opcode.QUERY else self.metrics.updates
@@ -263,7 +263,7 @@ class AcmeUpdates:
             await asyncio.sleep(interval)
 
 
-def _header_only(data: bytes, rcode: int) -> bytes | None:
+def header_only(data: bytes, rcode: int) -> bytes | None:
     """A bare response echoing the ID and opcode: for messages whose body can not be trusted."""
     if len(data) < 12:
         return None
