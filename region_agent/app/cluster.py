@@ -189,10 +189,9 @@ class ClusterParts:
     def reported(self) -> None:
         """This agent's copies are reported (it is ready): its region may be answered from the store, once
         the others hold these reports (the newest one's HLC goes with the announcement)."""
-        mine = self.store.writer
-        newest = max((e.version.hlc for e in self.store.entries()
-                      if e.key[0] == Kind.COPY.value and e.version.writer == mine), default=0)
-        self.announce(REPORTS_META, str(newest))
+        # What the others count (the observer's reports: copy entries with a value), not a deletion's HLC,
+        # which they never hold as a report: the region would stay "returning".
+        self.announce(REPORTS_META, str(self.observer.reports.get(self.store.writer, 0)))
 
     def _same_zone(self, member: Member) -> str | None:
         """An agent configured for another zone is no member of this cluster (it would serve our store)."""

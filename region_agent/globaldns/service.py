@@ -110,7 +110,7 @@ class ZoneService:
             registry.register(WorkersCollector(self.workers))
         else:
             register(self.counters, registry)
-        registry.register(AnswerStateCollector(lambda: self.holder.tables))
+        registry.register(AnswerStateCollector(lambda: self._latest))   # withheld too: what it would answer
         self.responder = Responder(self.holder, self.counters, ResponderLimits(
             our_payload=settings.udp_payload, memo_entries=settings.response_memo_entries),
             rate_limiter(settings.rrl))

@@ -117,7 +117,8 @@ class Worker:
     async def run(self) -> int:
         reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=self.feed_fd))
         self.writer = writer
-        _kind, self.index, settings, forward = pickle.loads(await read_frame(reader))
+        # withheld comes with the hello: a worker must not answer its first tables if the zone is withheld
+        _kind, self.index, settings, forward, self.withheld = pickle.loads(await read_frame(reader))
         assert isinstance(settings, DnsSettings)
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s dns-worker-{self.index} %(levelname)s %(message)s")
         responder = Responder(self.holder, self.counters, ResponderLimits(

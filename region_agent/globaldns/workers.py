@@ -277,11 +277,11 @@ class DnsWorkers:
         reader, writer = await asyncio.open_connection(sock=feed)
         upd_reader, upd_writer = await asyncio.open_connection(sock=upd)
         slot.process, slot.writer = process, writer
-        slot.sent, slot.sent_gen, slot.acked_gen, slot.geo_token, slot.withheld_sent = None, 0, 0, 0, None
+        slot.sent, slot.sent_gen, slot.acked_gen, slot.geo_token, slot.withheld_sent = None, 0, 0, 0, self.withheld
         slot.counters, slot.behind_since, slot.started_at = None, time.monotonic(), time.monotonic()
         slot.ready = loop.create_future()
         settings = self.settings.model_copy(update={"port": self.port})
-        writer.write(frame(("hello", slot.index, settings, self._updates() is not None)))
+        writer.write(frame(("hello", slot.index, settings, self._updates() is not None, self.withheld)))
         slot.tasks = [loop.create_task(self._listen(slot, reader), name=f"dns worker {slot.index} reports"),
                       loop.create_task(self._serve_updates(upd_reader, upd_writer),
                                        name=f"dns worker {slot.index} updates")]

@@ -188,6 +188,12 @@ class AntiEntropy:
     def _check_absence(self) -> None:
         if self.absent_limit is None or self.pull_only:
             return
+        if not self._peers():
+            # Nobody to pull from: alone with a majority (one region) it is the cluster, and fresh; without
+            # one it waits, and pulls when a peer comes back.
+            if self.counts():
+                self.last_fresh = time.monotonic()
+            return
         away = time.monotonic() - self.last_fresh
         if away > self.absent_limit:
             self.pull_only = True
@@ -241,6 +247,11 @@ class AntiEntropy:
     async def _on_offer(self, message: Sync, source: Address) -> None:
         self._heard(message.origin, message.digest)
         mine = self.replica.digest()
+        if message.more and not self.synced.is_set() and message.digest != mine:
+            # A pull takes what this agent holds as the truth: one that never completed a round (started
+            # empty, its snapshot moved aside) must not hand a rejoining agent an empty store.
+            self._send_message(source, Sync(SyncPhase.DIGESTS, message.round, self.name, digest=mine, more=True))
+            return
         if self.pull_only and not message.more and message.digest != mine:
             # What this agent holds may predate deletes the others forgot: none of it leaves (busy).
             self._send_message(source, Sync(SyncPhase.DIGESTS, message.round, self.name, digest=mine, more=True))

@@ -221,13 +221,16 @@ class _Acceptor(asyncio.AbstractServer):
                     self._failing = True
                     self._on_error(exc)
                     self._defer_accept(True)
-                    if self._answer_on_reserve():
+                    accepted = self._answer_on_reserve()
+                    if accepted:
                         continue
-                    if self._reserve is not None:
+                    if accepted is None and self._reserve is not None:
                         return   # nothing was waiting after all
-                self._pause(exc)
+                self._pause(exc)   # another error, or the reserve is gone: back off, do not spin
                 return
             if self._failing:
+                if self._reserve is None:
+                    self._reserve = _open_reserve()   # lost in a starved moment: take it again now there is room
                 self._defer_accept(False)
                 self._failing = False
                 self._backoff = _BACKOFF_FIRST
@@ -246,14 +249,18 @@ class _Acceptor(asyncio.AbstractServer):
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, _DEFER_ACCEPT_SECONDS if on else 0)
                 self._deferring = on
 
-    def _answer_on_reserve(self) -> bool:
+    def _answer_on_reserve(self) -> bool | None:
         """Free the reserve descriptor, accept one connection on it, answer it at once and close it
-        (:func:`starved_answer`), take the reserve again; False when nothing was accepted."""
+        (:func:`starved_answer`), take the reserve again. True: one answered or shed; None: nothing was
+        waiting; False: the accept failed (ENOMEM, ENOBUFS: the caller backs off)."""
         assert self._reserve is not None
         os.close(self._reserve)
         self._reserve = None
         try:
             conn, _address = self._sock.accept()
+        except (BlockingIOError, InterruptedError):
+            self._reserve = _open_reserve()
+            return None
         except OSError:
             self._reserve = _open_reserve()
             return False

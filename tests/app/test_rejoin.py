@@ -14,6 +14,7 @@ import dns.rcode
 from region_agent.app.settings import AgentSettings
 from region_agent.app.supervisor import Agent
 from region_agent.gossip.keyring import generate_key
+from region_agent.gossip.messages import Address
 from tests.conftest import wait_for
 from tests.e2e.cluster import write_keyring
 from tests.fakes.ports import free_port
@@ -53,6 +54,8 @@ async def test_an_agent_away_beyond_the_horizon_answers_nothing_and_takes_no_wri
         assert await _rcode(agent) == dns.rcode.NOERROR and agent.has_majority()
         limit = cluster.anti_entropy.absent_limit
         assert limit is not None and 28 * 86_400 < limit < 30 * 86_400   # the control tombstones' 30 days, less a day
+        # A peer to pull from (the gossip of a one-agent cluster has none: alone with a majority it stays fresh).
+        cluster.anti_entropy._peers = lambda: [Address("127.0.0.9", 7946)]
         cluster.anti_entropy.last_fresh = time.monotonic() - limit - 1
         cluster.anti_entropy._check_absence()   # the sync loop's check, now rather than at its next tick
         assert cluster.rejoining()

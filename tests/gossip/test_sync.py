@@ -224,8 +224,11 @@ async def test_an_agent_away_beyond_the_horizon_rejoins_pull_only_and_brings_not
     a, a_addr = _node(net, 1, a_store, budget=budget)
     b, b_addr = _node(net, 2, b_store, budget=budget)
     c, _ = _node(net, 3, c_store, budget=budget)
+    for peer in (b, c):
+        peer.synced.set()   # they have been syncing with each other all along
     told: list[bool] = []
     a.on_pull_only = told.append
+    a._peers = lambda: [b_addr]
     a.absent_limit = 60.0
     a._check_absence()
     assert told == [], "fresh: nothing happens"
@@ -256,8 +259,32 @@ async def test_two_agents_both_away_answer_each_others_pull() -> None:
     a, _ = _node(net, 1, a_store)
     b, b_addr = _node(net, 2, b_store)
     for node in (a, b):
+        node.synced.set()   # both were in the cluster before they were cut off
+        node._peers = lambda: [b_addr]   # someone to pull from
         node.absent_limit, node.last_fresh = 60.0, time.monotonic() - 61
         node._check_absence()
     a.start_round(b_addr)
     await wait_for(lambda: not a.pull_only, timeout=5, message="a pulled from b")
     assert a_store.digest() == b_store.digest() and b.pull_only
+
+
+async def test_a_peer_that_never_synced_is_not_pulled_from_and_a_lone_agent_stays_fresh() -> None:
+    """A pull takes the peer's store as the truth: an empty newcomer (its snapshot moved aside) answers busy,
+    so the rejoining agent keeps what it has. With no peer at all there is nothing to pull: an agent alone
+    with a majority (the one region) stays fresh instead of withholding its zone for good."""
+    net = Net()
+    a_store, _, _, _ = _away_scene(10)
+    a, _ = _node(net, 1, a_store)
+    empty, empty_addr = _node(net, 2, _store("ams1/new"))
+    a.absent_limit, a.last_fresh = 60.0, time.monotonic() - 61
+    told: list[bool] = []
+    a.on_pull_only = told.append
+    a._check_absence()
+    assert told == [], "alone (no peer) with a majority: fresh"
+    a._peers = lambda: [empty_addr]
+    a.last_fresh = time.monotonic() - 61
+    a._check_absence()
+    assert told == [True]
+    a.start_round(empty_addr)
+    await wait_for(lambda: a.stats.rounds["deferred"] >= 1, timeout=5, message="the newcomer says busy")
+    assert a.pull_only and len(a_store.projects) == 10 and empty.stats.entries_sent == 0

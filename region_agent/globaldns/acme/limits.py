@@ -19,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from region_agent.base.sockets import source_key
+
 MAX_BUCKETS = 1024  # per table; a source evicted starts again with a full bucket, its key's still binds
 
 
@@ -72,6 +74,6 @@ class UpdateBudgets:
         now = self._monotonic()
         if not self.keys.take(key, now):
             return "key"
-        if not self.sources.take(source or "-", now):
+        if not self.sources.take("-" if source is None else source_key(source), now):   # an IPv6 /64 is one source
             return "source"
         return None

@@ -118,6 +118,8 @@ class AcmeUpdates:
         try:
             verified = verify(data, self.config.keyring, now=self._clock())
         except UnparseableError as error:
+            if known and not self.budgets.take_unverified():   # junk naming our key: it costs a parse too
+                return self._limited("unverified", data)
             self.metrics.updates.labels("formerr").inc()
             logger.info("UPDATE from %s: malformed (%s)", source, str(error)[:100])
             return header_only(data, dns.rcode.FORMERR)
