@@ -205,8 +205,8 @@ class DnsSettings(BaseModel):
         "thread). More: that many worker processes answer on the same addresses and port (SO_REUSEPORT, the "
         "kernel spreads flows; only processes of the agent's uid can join), each holding the compiled zone, "
         "kept in step by deltas from the main process, which compiles and holds the store. Raise it when one "
-        "core is not enough for the queries (an answer costs about 10 µs of CPU, so a core tops out near "
-        "90,000 queries a second): at most the cores the pod may use, less one for the main process. Each "
+        "core is not enough for the queries (an answer costs 7.5-16.5 µs of CPU by query shape in "
+        "bench/dns_throughput.py): at most the cores the pod may use, less one for the main process. Each "
         "worker holds its own copy of the tables (see the globaldns README).",
     )
     startup_answer: AllDownPolicy = Field(
