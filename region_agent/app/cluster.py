@@ -48,7 +48,7 @@ from region_agent.gossip.metrics import register
 from region_agent.gossip.node import GossipNode
 from region_agent.gossip.sync import AntiEntropy
 from region_agent.state.hlc import physical_ms
-from region_agent.state.model import Certificate, Kind, cert_key, writer_agent
+from region_agent.state.model import Certificate, cert_key, writer_agent
 from region_agent.state.observations import Observations
 from region_agent.state.persist import HORIZON_MARGIN_SECONDS
 from region_agent.state.signatures import EntryVerifier
