@@ -11,12 +11,17 @@ process stopped or died).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import pickle
+import select
 import socket
+import struct
 import sys
 import time
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import dns.rcode
@@ -27,11 +32,19 @@ from region_agent.globaldns.answer import Responder, ResponderLimits
 from region_agent.globaldns.compiler import CompileReport, _compile_infrastructure
 from region_agent.globaldns.geoip.proximity import GeoDatabase, ProximityMap, Site
 from region_agent.globaldns.metrics import DnsCounters
-from region_agent.globaldns.server import BindError, DnsServer
+from region_agent.globaldns.server import BindError, DnsServer, UdpListener
 from region_agent.globaldns.service import rate_limiter, tcp_limits
 from region_agent.globaldns.settings import DnsSettings
 from region_agent.globaldns.tables import IPAddress, Node, ZoneHolder, ZoneTables, negative_reply_factory
-from region_agent.globaldns.workers import FORWARD_TIMEOUT, FRAME, STATS_INTERVAL, frame, read_frame
+from region_agent.globaldns.workers import (
+    FORWARD_TIMEOUT,
+    FORWARDS_IN_FLIGHT,
+    FRAME,
+    STATS_INTERVAL,
+    TCP_FORWARD_TIMEOUT,
+    frame,
+    read_frame,
+)
 
 logger = logging.getLogger("region_agent.dns.worker")
 
@@ -59,43 +72,284 @@ class _Unpickler(pickle.Unpickler):
         return self.locators.get(pid[1])
 
 
-class Forwarder:
-    """UPDATEs and signed queries to the main process, synchronously, within a budget."""
+Reply = Callable[[bytes | None], None]
 
-    def __init__(self, fd: int, per_second: float) -> None:
-        self.sock = socket.socket(fileno=fd)
-        self.rate, self.burst = per_second * 2, per_second * 4  # twice the main process's budgets
-        self.tokens, self.at = self.burst, time.monotonic()
-        self.buffer = bytearray()
-        self.request = 0
 
-    def __call__(self, data: bytes, source: str | None, *, tcp: bool = False, our_payload: int = 1232) -> bytes | None:
-        now = time.monotonic()
+class TokenBucket:
+    """``rate`` per second, at most ``burst`` saved; the clock is passed in."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, now
+
+    def take(self, now: float) -> bool:
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
         if self.tokens < 1:
-            return header_only(data, dns.rcode.REFUSED)
+            return False
         self.tokens -= 1
-        self.request += 1
-        self.sock.settimeout(FORWARD_TIMEOUT)
-        try:
-            self.sock.sendall(frame((self.request, data, source, tcp, our_payload)))
-            deadline = now + FORWARD_TIMEOUT
-            while True:
-                while len(self.buffer) >= 4 and len(self.buffer) >= 4 + FRAME.unpack_from(self.buffer)[0]:
-                    (length,) = FRAME.unpack_from(self.buffer)
-                    request, out = pickle.loads(bytes(self.buffer[4:4 + length]))
-                    del self.buffer[:4 + length]
-                    if request == self.request:
-                        return out  # type: ignore[no-any-return]
-                self.sock.settimeout(max(0.001, deadline - time.monotonic()))
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    return None
-                self.buffer += chunk
-        except (TimeoutError, OSError):
-            logger.warning("UPDATE forwarded to the main process: no answer within %.1f s", FORWARD_TIMEOUT)
+        return True
+
+
+class ForwardTable:
+    """Forwards waiting for the main process's answer: a token each, at most ``limit``, dropped after ``timeout``.
+
+    Pure (no sockets; the clock is passed in). Tokens grow and the timeout is one, so the pending
+    forwards are in deadline order. ``stats`` counts by outcome: ``forwarded``, ``answered``,
+    ``timeout`` (dropped unanswered), ``busy`` (refused: ``limit`` in flight), ``late`` (an answer
+    after its forward was dropped).
+    """
+
+    def __init__(self, limit: int, timeout: float) -> None:
+        self.limit, self.timeout = limit, timeout
+        self.pending: dict[int, tuple[float, Reply]] = {}
+        self.token = 0
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    def begin(self, reply: Reply, now: float) -> int | None:
+        """A token for a new forward, or None when ``limit`` are in flight (counted ``busy``)."""
+        if len(self.pending) >= self.limit:
+            self.stats["busy"] += 1
             return None
+        self.token += 1
+        self.pending[self.token] = (now + self.timeout, reply)
+        self.stats["forwarded"] += 1
+        return self.token
+
+    def complete(self, token: int, out: bytes | None) -> Reply | None:
+        """The main process answered ``token``: its reply callback (call it with ``out``), None if dropped."""
+        entry = self.pending.pop(token, None)
+        if entry is None:
+            self.stats["late"] += 1
+            return None
+        self.stats["answered"] += 1
+        return entry[1]
+
+    def drop(self, token: int) -> None:
+        if self.pending.pop(token, None) is not None:
+            self.stats["timeout"] += 1
+
+    def expire(self, now: float) -> int:
+        """Drop the forwards whose deadline has passed; how many."""
+        expired = 0
+        for token, (deadline, _reply) in list(self.pending.items()):
+            if deadline > now:
+                break
+            del self.pending[token]
+            expired += 1
+        self.stats["timeout"] += expired
+        return expired
+
+    def next_deadline(self) -> float | None:
+        return next(iter(self.pending.values()))[0] if self.pending else None
+
+
+_BATCHED = UdpListener._readable_batched.__code__
+_ONE_BY_ONE = UdpListener._readable.__code__
+
+
+def udp_origin() -> tuple[socket.socket, tuple[Any, ...]] | None:
+    """The listening socket and the client's address (with its port) of the UDP query being answered now.
+
+    :class:`UdpListener` answers synchronously (``Responder.respond`` returns the bytes it sends) and
+    tells the responder only the source's text address; an answer sent later needs the port too. It
+    is in the listener's frame, which called the responder: its receive slot's address (batched) or
+    ``addr`` (one by one). Looked up only for a forward, so it costs nothing per query. None when the
+    frame is not found (a changed ``server.py``): the caller then waits for the answer, as TCP does.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    for _depth in range(8):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code is _BATCHED or code is _ONE_BY_ONE:
+            local = frame.f_locals
+            listener = local.get("self")
+            if not isinstance(listener, UdpListener):
+                return None
+            if code is _ONE_BY_ONE:
+                addr = local.get("addr")
+                return (listener.sock, tuple(addr)) if isinstance(addr, tuple) else None
+            mmsg, i = listener.mmsg, local.get("i")
+            if mmsg is None or not isinstance(i, int):
+                return None
+            return listener.sock, sockaddr(bytes(mmsg.names_view[i * mmsg.namelen:(i + 1) * mmsg.namelen]))
+        frame = frame.f_back
+    return None
+
+
+def sockaddr(raw: bytes) -> tuple[Any, ...]:
+    """A ``sockaddr_in`` or ``sockaddr_in6`` (as recvmmsg writes it) as ``sendto`` takes it."""
+    (port,) = _PORT.unpack_from(raw, 2)
+    if len(raw) < 28:
+        return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
+    flowinfo, scope = struct.unpack_from("!I", raw, 4)[0], struct.unpack_from("=I", raw, 24)[0]
+    return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port, flowinfo, scope
+
+
+_PORT = struct.Struct("!H")
+
+
+class Forwarder:
+    """UPDATEs and signed queries to the main process, within a budget, without holding the worker.
+
+    UDP: the forward is written to the main process and the query gets no answer now; the main
+    process's answer comes back with the forward's token and is sent then, from the listening
+    socket to the client's address. At most ``FORWARDS_IN_FLIGHT`` wait (one more gets SERVFAIL at
+    once); one not answered within ``FORWARD_TIMEOUT`` is dropped (the client retries). Counted in
+    ``table.stats``. TCP: ``TcpProtocol`` writes the responder's answers in order and ends the
+    connection at a None, so a TCP forward still waits, at most ``TCP_FORWARD_TIMEOUT``, for its
+    answer (the answers to UDP forwards that arrive meanwhile are sent).
+    """
+
+    def __init__(self, sock: socket.socket, per_second: float, burst: float) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.budget = TokenBucket(per_second, burst, time.monotonic())
+        self.table = ForwardTable(FORWARDS_IN_FLIGHT, FORWARD_TIMEOUT)
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
+        self.errors = 0   # reads, writes or reply callbacks that raised (logged)
+        self.udp_waits = 0   # UDP forwards that waited: their client's address was not found (logged once)
+        self.closed = False
+        self.loop.add_reader(sock.fileno(), self._readable)
+
+    def __call__(self, data: bytes, source: str | None, *, tcp: bool = False, our_payload: int = 1232) -> bytes | None:
+        now = time.monotonic()
+        if self.closed or not self.budget.take(now):
+            return header_only(data, dns.rcode.REFUSED)
+        origin = None if tcp else udp_origin()
+        if origin is None:
+            if not tcp and not self.udp_waits:
+                logger.warning("a UDP UPDATE's client address was not found in the listener (server.py changed?): "
+                               "UDP forwards wait for their answer, as TCP's")
+            self.udp_waits += 0 if tcp else 1
+            return self._wait((data, source, tcp, our_payload), now)
+        sock, addr = origin
+        token = self.table.begin(lambda out: _send_udp(sock, addr, out), now)
+        if token is None:
+            return header_only(data, dns.rcode.SERVFAIL)
+        self._write(frame((token, data, source, tcp, our_payload)))
+        self._arm()
+        return None
+
+    def _wait(self, request: tuple[bytes, str | None, bool, int], now: float) -> bytes | None:
+        """Forward and wait for the answer, at most ``TCP_FORWARD_TIMEOUT`` (TCP; UDP without its origin)."""
+        got: list[bytes | None] = []
+        token = self.table.begin(got.append, now)
+        if token is None:
+            return header_only(request[0], dns.rcode.SERVFAIL)
+        self._write(frame((token, *request)))
+        deadline = now + TCP_FORWARD_TIMEOUT
+        poller = select.poll()
+        while not got and not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.table.drop(token)
+                self._timed_out(1)
+                return None
+            poller.register(self.sock, select.POLLIN | (select.POLLOUT if self.outbox else 0))
+            for _fd, events in poller.poll(max(1, int(left * 1000))):
+                if events & select.POLLOUT:
+                    self._writable()
+                if events & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    self._readable()
+        return got[0] if got else None
+
+    def _write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.outbox:
+            self.outbox += data
+            return
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as error:
+            self._close(error)
+            return
+        if sent < len(data):
+            self.outbox += data[sent:]
+            self.loop.add_writer(self.sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        try:
+            sent = self.sock.send(self.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            self._close(error)
+            return
+        del self.outbox[:sent]
+        if not self.outbox:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def _readable(self) -> None:
+        """The main process's answers: each sent to whoever waits for its token."""
+        try:
+            while True:
+                try:
+                    chunk = self.sock.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    break
+                if not chunk:
+                    self._close(None)
+                    break
+                self.inbox += chunk
+            inbox = self.inbox
+            while len(inbox) >= 4 and len(inbox) >= 4 + FRAME.unpack_from(inbox)[0]:
+                (length,) = FRAME.unpack_from(inbox)
+                token, out = pickle.loads(bytes(inbox[4:4 + length]))
+                del inbox[:4 + length]
+                reply = self.table.complete(token, out)
+                if reply is not None:
+                    reply(out)
+        except Exception as error:  # a bug costs the forwards in flight, never the worker: logged, counted
+            self.errors += 1
+            logger.exception("answers from the main process to forwarded UPDATEs could not be read")
+            self._close(error)
+
+    def _arm(self) -> None:
+        """One timer, at the earliest deadline of the forwards in flight."""
+        deadline = self.table.next_deadline()
+        if self.timer is None and deadline is not None:
+            self.timer = self.loop.call_later(max(0.0, deadline - time.monotonic()) + 0.002, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        self._timed_out(self.table.expire(time.monotonic()))
+        self._arm()
+
+    def _timed_out(self, count: int) -> None:
+        if count:
+            timeouts = self.table.stats["timeout"]
+            if timeouts == count or timeouts // 100 != (timeouts - count) // 100:
+                logger.warning("UPDATE forwarded to the main process: no answer within %.1f s, dropped "
+                               "(%d so far)", self.table.timeout, timeouts)
+
+    def _close(self, error: BaseException | None) -> None:
+        """The main process is gone (or the channel broke): no more forwards, the ones in flight dropped."""
+        if self.closed:
+            return
+        self.closed = True
+        logger.error("UPDATE forwarding to the main process ended (%r): UPDATEs get REFUSED", error)
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_writer(self.sock.fileno())
+        self.table.stats["timeout"] += len(self.table.pending)
+        self.table.pending.clear()
+
+
+def _send_udp(sock: socket.socket, addr: tuple[Any, ...], out: bytes | None) -> None:
+    if out is None or sock.fileno() < 0:
+        return  # nothing to send, or the listener closed (stopping)
+    try:
+        sock.sendto(out, addr)
+    except OSError as error:  # a full send buffer, an unroutable source: this answer is lost, as UDP may
+        logger.debug("UDP send error to %s: %s", addr[0], error)
 
 
 class Worker:
@@ -113,6 +367,7 @@ class Worker:
         self.writer: asyncio.StreamWriter | None = None
         self.background: set[asyncio.Task[None]] = set()
         self.changed_nodes = 0
+        self.forwarder: Forwarder | None = None
 
     async def run(self) -> int:
         reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=self.feed_fd))
@@ -124,7 +379,9 @@ class Worker:
         responder = Responder(self.holder, self.counters, ResponderLimits(
             our_payload=settings.udp_payload, memo_entries=settings.response_memo_entries), rate_limiter(settings.rrl))
         if forward:
-            responder.updates = Forwarder(self.updates_fd, settings.acme.updates_per_second)
+            per_second = settings.acme.updates_per_second  # twice the main process's budgets
+            self.forwarder = Forwarder(socket.socket(fileno=self.updates_fd), per_second * 2, per_second * 4)
+            responder.updates = self.forwarder
         self.server = DnsServer(responder, [(a, settings.port) for a in settings.listen_addresses],
                                 tcp_limits(settings), share_port=True)
         stats = asyncio.get_running_loop().create_task(self._report())
@@ -233,7 +490,8 @@ class Worker:
     async def _report(self) -> None:
         while True:
             await asyncio.sleep(STATS_INTERVAL)
-            self._send(("stats", self.counters))
+            forwards = {} if self.forwarder is None else dict(self.forwarder.table.stats)
+            self._send(("stats", self.counters, forwards))
 
 
 def main(argv: list[str]) -> int:

@@ -23,10 +23,17 @@ on and never one older than what it has; it acknowledges each; one that has not 
 same database file and builds its own (until then, proximity names answer every healthy address).
 
 **UPDATE** (ACME, and TSIG-signed queries) must reach the main process's store, so a worker forwards
-such a message over a second socket pair and waits for the main process's answer (at most
-``FORWARD_TIMEOUT``; a UDP query then goes unanswered and is retried). Forwards are rare (a
-handful per certificate) and charged to a per-worker budget before they are sent, so junk UPDATEs
-cost a worker a 12-byte REFUSED, not a wait.
+such a message over a second socket pair, tagged with a token, and goes on answering; the main
+process's answer comes back with the token and is sent then (``worker_main.Forwarder``). UDP: from
+the listening socket to the client's address and port; at most ``FORWARDS_IN_FLIGHT`` wait per worker
+(one more gets SERVFAIL at once), and one the main process has not answered within
+``FORWARD_TIMEOUT`` is dropped (the client retries), counted by reason in
+``region_agent_dns_worker_forward_drops_total``. TCP: ``server.TcpProtocol`` writes each answer in
+order when the responder returns it and ends the connection at a None, so a TCP forward still holds
+its worker until the answer comes, at most ``TCP_FORWARD_TIMEOUT`` (0.5 s; the connection then ends);
+answering it later needs a deferred answer in ``server.py``. Forwards are rare (a handful per
+certificate) and charged to a per-worker budget before they are sent, so junk UPDATEs cost a worker a
+12-byte REFUSED, not a round trip.
 
 **Supervision.** A worker that exits is restarted after a backoff (``RESTART_BACKOFF``, doubling; reset
 after ``STABLE_SECONDS`` up), counted in ``region_agent_dns_worker_restarts_total{worker}`` and shown in
@@ -37,6 +44,7 @@ the workers never go back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import io
 import logging
@@ -66,7 +74,9 @@ FRAME = struct.Struct("!I")
 CHUNK_NODES = 500           # nodes per pickled message (~3 ms to pickle)
 SLICE_SECONDS = 0.005       # the encoder yields to the loop this often
 LAG_SECONDS = 5.0           # a worker this long behind the newest tables is a problem
-FORWARD_TIMEOUT = 2.0       # a worker waits this long for the main process's answer to an UPDATE
+FORWARD_TIMEOUT = 2.0       # a UDP forward not answered by the main process this long after is dropped
+TCP_FORWARD_TIMEOUT = 0.5   # a TCP forward holds its worker this long at most (see UPDATE above)
+FORWARDS_IN_FLIGHT = 16     # UDP forwards one worker has waiting for the main process's answer
 START_TIMEOUT = 60.0        # a worker's first snapshot applied and its sockets bound
 RESTART_BACKOFF = (0.2, 30.0)
 STABLE_SECONDS = 60.0
@@ -118,6 +128,8 @@ class Slot:
     withheld_sent: bool | None = None
     behind_since: float | None = None
     counters: DnsCounters | None = None   # its last report
+    forwards: dict[str, int] = field(default_factory=dict)  # its forwards by outcome (its last report)
+    retired_forwards: collections.Counter[str] = field(default_factory=collections.Counter)
     retired: DnsCounters = field(default_factory=DnsCounters)  # what its earlier processes answered
     restarts = 0
     down_since: float | None = None
@@ -304,7 +316,7 @@ class DnsWorkers:
                         slot.behind_since = None
                     self.generation_changed.set()
                 elif kind == "stats":
-                    slot.counters = message[1]
+                    slot.counters, slot.forwards = message[1], message[2]
                 elif kind == "ready" and slot.ready is not None and not slot.ready.done():
                     slot.ready.set_result([tuple(a) for a in message[1]])
                     slot.down_since = None
@@ -372,6 +384,8 @@ class DnsWorkers:
         if slot.counters is not None:
             _add(slot.retired, slot.counters)
             slot.counters = None
+        slot.retired_forwards.update(slot.forwards)
+        slot.forwards = {}
         for task in slot.tasks:
             task.cancel()
         if slot.writer is not None:
@@ -553,6 +567,13 @@ class WorkersCollector(Collector):
         yield lag
         yield CounterMetricFamily("region_agent_dns_worker_forwarded_updates", "UPDATEs and signed queries a "
                                   "worker forwarded to the main process", self.workers.forwarded)
+        dropped = CounterMetricFamily("region_agent_dns_worker_forward_drops", "Forwards of UPDATEs and signed "
+                                      "queries a worker gave up: timeout (no answer in time; UDP: not answered), "
+                                      "busy (too many in flight: SERVFAIL), late (answered after the timeout)",
+                                      labels=["reason"])
+        for reason in ("timeout", "busy", "late"):
+            dropped.add_metric([reason], sum(s.forwards.get(reason, 0) + s.retired_forwards[reason] for s in slots))
+        yield dropped
 
 
 class WorkerStartError(BindError):

@@ -9,23 +9,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pickle
 import signal
 import socket
+import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 
 import dns.message
+import dns.rcode
 import dns.rdatatype
+import dns.update
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
+from region_agent.globaldns.acme.service import header_only
+from region_agent.globaldns.answer import Responder
+from region_agent.globaldns.metrics import DnsCounters
+from region_agent.globaldns.server import DnsServer
 from region_agent.globaldns.service import ZoneService
 from region_agent.globaldns.settings import DnsSettings
+from region_agent.globaldns.tables import ZoneHolder
+from region_agent.globaldns.worker_main import Forwarder, ForwardTable, sockaddr
+from region_agent.globaldns.workers import FRAME, frame
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
 from region_agent.state.store import Store
 from tests.conftest import wait_for
+from tests.globaldns.zones import ha, tables_for, up
 
 ZONE = "g.example.com"
 QUERIES = 300  # per batch, one source port each
@@ -146,3 +159,153 @@ async def test_a_killed_worker_is_restarted_counted_and_shown(service: ZoneServi
     assert min(share) > 0, share
     text = generate_latest(REGISTRY[id(service)]).decode()
     assert 'region_agent_dns_worker_restarts_total{worker="0"} 1.0' in text
+
+
+# --- UPDATE forwarding: asynchronous, bounded, timed out ---------------------------------------------------
+
+def _update_wire() -> bytes:
+    return dns.update.UpdateMessage(ZONE).to_wire()
+
+
+def _answer_header(data: bytes) -> bytes | None:
+    return header_only(data, dns.rcode.NOERROR)
+
+
+def test_the_forward_table_bounds_what_is_in_flight_and_drops_what_times_out() -> None:
+    table = ForwardTable(limit=2, timeout=1.0)
+    got: list[bytes | None] = []
+    first, second = table.begin(got.append, now=10.0), table.begin(got.append, now=10.5)
+    assert first is not None and second is not None
+    assert table.begin(got.append, now=10.6) is None   # two in flight: the third is refused
+    assert table.next_deadline() == 11.0
+    assert table.expire(10.9) == 0
+    assert table.expire(11.0) == 1                     # the first is dropped at its deadline
+    assert table.complete(first, b"late") is None      # its answer, after: nobody waits for it
+    reply = table.complete(second, b"answer")
+    assert reply is not None
+    reply(b"answer")
+    assert got == [b"answer"] and not table.pending
+    assert dict(table.stats) == {"forwarded": 2, "busy": 1, "timeout": 1, "late": 1, "answered": 1}
+
+
+def test_a_sockaddr_from_recvmmsg_is_what_sendto_takes() -> None:
+    v4 = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 5353) + socket.inet_pton(socket.AF_INET, "192.0.2.9")
+    assert sockaddr(v4 + bytes(8)) == ("192.0.2.9", 5353)
+    v6 = (struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", 53000, 7)
+          + socket.inet_pton(socket.AF_INET6, "fe80::1") + struct.pack("=I", 2))
+    assert sockaddr(v6) == ("fe80::1", 53000, 7, 2)
+
+
+@pytest.fixture
+async def forwarding() -> AsyncIterator[tuple[DnsServer, Forwarder, socket.socket]]:
+    """A DnsServer in this process whose UPDATEs go to a Forwarder; the main process's end of its socket pair."""
+    holder = ZoneHolder()
+    holder.replace(tables_for([ha("shop")], {"shop": up("sfo1")}))
+    responder = Responder(holder, DnsCounters())
+    ours, main_end = socket.socketpair()
+    forwarder = Forwarder(ours, per_second=100, burst=100)
+    responder.updates = forwarder
+    server = DnsServer(responder, [("127.0.0.1", 0)])
+    await server.start()
+    main_end.settimeout(2.0)
+    try:
+        yield server, forwarder, main_end
+    finally:
+        await server.stop()
+        forwarder._close(None)
+        ours.close()
+        main_end.close()
+
+
+def _forwarded(main_end: socket.socket) -> tuple[int, bytes]:
+    (length,) = FRAME.unpack(main_end.recv(4, socket.MSG_WAITALL))
+    token, data, _source, _tcp, _payload = pickle.loads(main_end.recv(length, socket.MSG_WAITALL))
+    return token, data
+
+
+async def test_a_udp_forward_is_answered_when_the_main_process_answers_and_dropped_after_the_timeout(
+        forwarding: tuple[DnsServer, Forwarder, socket.socket]) -> None:
+    server, forwarder, main_end = forwarding
+    port = server.bound[0][1]
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        update = _update_wire()
+        await loop.sock_sendto(client, update, ("127.0.0.1", port))
+        token, data = await asyncio.to_thread(_forwarded, main_end)
+        assert data == update and forwarder.table.pending          # waiting, and the loop goes on:
+        query = dns.message.make_query(f"shop.{ZONE}", "A")
+        await loop.sock_sendto(client, query.to_wire(), ("127.0.0.1", port))
+        reply = dns.message.from_wire(await asyncio.wait_for(loop.sock_recv(client, 4096), 2))
+        assert reply.id == query.id and reply.answer                 # answered while the UPDATE waits
+        main_end.sendall(frame((token, _answer_header(data))))       # the main process answers the UPDATE
+        answer = await asyncio.wait_for(loop.sock_recv(client, 4096), 2)
+        assert answer[:2] == update[:2] and answer[2] & 0x80         # its ID, a response, to the same port
+        assert forwarder.table.stats["answered"] == 1
+
+        forwarder.table.timeout = 0.05                               # one the main process never answers
+        await loop.sock_sendto(client, update, ("127.0.0.1", port))
+        late, _ = await asyncio.to_thread(_forwarded, main_end)
+        await wait_for(lambda: forwarder.table.stats["timeout"] == 1, timeout=2, message="the forward dropped")
+        main_end.sendall(frame((late, _answer_header(update))))
+        await wait_for(lambda: forwarder.table.stats["late"] == 1, timeout=2, message="the late answer counted")
+
+        forwarder.table.limit, forwarder.table.timeout = 1, 5.0      # one in flight at most
+        await loop.sock_sendto(client, update, ("127.0.0.1", port))
+        await asyncio.to_thread(_forwarded, main_end)
+        await loop.sock_sendto(client, update, ("127.0.0.1", port))
+        busy = await asyncio.wait_for(loop.sock_recv(client, 4096), 2)
+        assert busy[3] & 0x0F == dns.rcode.SERVFAIL and forwarder.table.stats["busy"] == 1
+    finally:
+        client.close()
+
+
+async def test_a_worker_answers_queries_while_its_forward_waits_for_the_main_process() -> None:
+    """The main process holds a forwarded UPDATE; the worker that forwarded it answers a query from the same
+    client socket (so the same worker) meanwhile, then the UPDATE's answer."""
+    zone = ZoneService(DnsSettings(zone=ZONE, listen_addresses=("127.0.0.1",), port=0, workers=2), _store(),
+                       CollectorRegistry())
+    assert zone.workers is not None
+    gate, held = threading.Event(), threading.Event()
+
+    def handler(data: bytes, source: str | None, *, tcp: bool = False, our_payload: int = 1232) -> bytes | None:
+        held.set()
+        gate.wait(5.0)   # the main process busy (its loop held) until the client has its other answer
+        return _answer_header(data)
+
+    zone.workers._updates = lambda: handler
+    zone.set_health_known()
+    await zone.start()
+    pids = [s.pid for s in zone.workers.slots]
+    try:
+        port = _port(zone)
+
+        def client() -> tuple[float, bytes, bytes]:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                try:
+                    sock.settimeout(3.0)
+                    update = _update_wire()
+                    sock.sendto(update, ("127.0.0.1", port))
+                    assert held.wait(3.0), "the UPDATE reached the main process"
+                    query = dns.message.make_query(f"p1.{ZONE}", "A")
+                    started = time.monotonic()
+                    sock.sendto(query.to_wire(), ("127.0.0.1", port))
+                    sock.settimeout(1.0)   # the old forwarder held the worker FORWARD_TIMEOUT (2 s)
+                    reply = dns.message.from_wire(sock.recv(4096))
+                    waited = time.monotonic() - started
+                    assert reply.id == query.id
+                finally:
+                    gate.set()
+                sock.settimeout(3.0)
+                return waited, update, sock.recv(4096)   # then the UPDATE's answer, to the same port
+
+        waited, update, answer = await asyncio.to_thread(client)
+        print(f"a query to the worker whose UPDATE waited was answered in {waited * 1000:.1f} ms")
+        assert answer[:2] == update[:2] and answer[2] & 0x80 and zone.workers.forwarded == 1
+    finally:
+        await zone.stop()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
