@@ -144,36 +144,28 @@ class ForwardTable:
         return next(iter(self.pending.values()))[0] if self.pending else None
 
 
-_BATCHED = UdpListener._readable_batched.__code__
-_ONE_BY_ONE = UdpListener._readable.__code__
-
-
 def udp_origin() -> tuple[socket.socket, tuple[Any, ...]] | None:
     """The listening socket and the client's address (with its port) of the UDP query being answered now.
 
-    :class:`UdpListener` answers synchronously (``Responder.respond`` returns the bytes it sends) and
-    tells the responder only the source's text address; an answer sent later needs the port too. It
-    is in the listener's frame, which called the responder: its receive slot's address (batched) or
-    ``addr`` (one by one). Looked up only for a forward, so it costs nothing per query. None when the
-    frame is not found (a changed ``server.py``): the caller then waits for the answer, as TCP does.
+    :class:`UdpListener` answers synchronously (the responder returns the bytes it sends) and tells the
+    responder only the source's text address; an answer sent later needs the port too. It is in the
+    listener's frame that called the responder (``self`` a :class:`UdpListener`): its receive slot
+    ``i``'s address (recvmmsg) or ``addr`` (recvfrom). Looked up only for a forward: nothing per query.
+    None when it is not found (a changed ``server.py``): the caller then waits for the answer, as TCP.
     """
     frame: FrameType | None = sys._getframe(1)
-    for _depth in range(8):
+    for _depth in range(10):
         if frame is None:
             return None
-        code = frame.f_code
-        if code is _BATCHED or code is _ONE_BY_ONE:
-            local = frame.f_locals
-            listener = local.get("self")
-            if not isinstance(listener, UdpListener):
-                return None
-            if code is _ONE_BY_ONE:
-                addr = local.get("addr")
-                return (listener.sock, tuple(addr)) if isinstance(addr, tuple) else None
-            mmsg, i = listener.mmsg, local.get("i")
-            if mmsg is None or not isinstance(i, int):
-                return None
-            return listener.sock, sockaddr(bytes(mmsg.names_view[i * mmsg.namelen:(i + 1) * mmsg.namelen]))
+        local = frame.f_locals
+        listener = local.get("self")
+        if isinstance(listener, UdpListener):
+            addr, i, mmsg = local.get("addr"), local.get("i"), listener.mmsg
+            if isinstance(addr, tuple):
+                return listener.sock, addr
+            if mmsg is not None and isinstance(i, int):
+                return listener.sock, sockaddr(bytes(mmsg.names_view[i * mmsg.namelen:(i + 1) * mmsg.namelen]))
+            return None
         frame = frame.f_back
     return None
 
@@ -220,6 +212,7 @@ class Forwarder:
         now = time.monotonic()
         if self.closed or not self.budget.take(now):
             return header_only(data, dns.rcode.REFUSED)
+        data = bytes(data)  # it may be a view of the listener's buffer, reused by the next datagram
         origin = None if tcp else udp_origin()
         if origin is None:
             if not tcp and not self.udp_waits:
@@ -360,8 +353,9 @@ class Worker:
         self.gen = 0
         self.latest: ZoneTables | None = None
         self.withheld = False
-        self.pending: dict[bytes, Node] | None = None
-        self.pending_gen = 0
+        self.pending: dict[bytes, Node] | None = None   # the generation being received (None: not applicable)
+        self.pending_key = (0, 0)   # its (generation, base generation)
+        self.resyncs = 0   # deltas on a generation this worker does not have: a snapshot asked for each
         self.locators: dict[int, WorkerLocator] = {}
         self.server: DnsServer | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -405,9 +399,8 @@ class Worker:
             _kind, gen, base_gen, nodes = message
             if gen <= self.gen:
                 return True  # never older than what it answers
-            if self.pending is None or self.pending_gen != gen:
-                self.pending = self._start(base_gen)
-                self.pending_gen = gen
+            if self.pending_key != (gen, base_gen):
+                self.pending, self.pending_key = self._start(gen, base_gen), (gen, base_gen)
             if self.pending is not None:
                 self.pending.update(nodes)
                 self.changed_nodes += len(nodes)
@@ -436,20 +429,28 @@ class Worker:
                 task.add_done_callback(self.background.discard)
         return True
 
-    def _start(self, base_gen: int) -> dict[bytes, Node] | None:
+    def _start(self, gen: int, base_gen: int) -> dict[bytes, Node] | None:
+        """The nodes generation ``gen`` starts from; None if this worker does not have ``base_gen``.
+
+        Then it asks the main process for a snapshot (once for this delta) and answers from the tables it
+        has until the snapshot is in.
+        """
         if base_gen == 0:
             return {}
         if base_gen == self.gen and self.latest is not None:
             return dict(self.latest.nodes)
-        logger.error("delta on generation %d, this worker has %d: ignored until a snapshot", base_gen, self.gen)
+        self.resyncs += 1
+        logger.error("delta %d on generation %d, this worker has %d: ignored, a snapshot asked for (%d so far)",
+                     gen, base_gen, self.gen, self.resyncs)
+        self._send(("resync", gen, self.gen))
         return None
 
     async def _finish(self, message: tuple[Any, ...]) -> None:
         _kind, gen, base_gen, removed, apex, serial, ents, challenge_owners, config, regions = message
         if gen <= self.gen:
             return
-        nodes = self.pending if self.pending_gen == gen else self._start(base_gen)
-        self.pending, self.pending_gen = None, 0
+        nodes = self.pending if self.pending_key == (gen, base_gen) else self._start(gen, base_gen)
+        self.pending, self.pending_key = None, (0, 0)
         if nodes is None:
             return
         for owner in removed:

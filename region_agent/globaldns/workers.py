@@ -19,8 +19,12 @@ a snapshot (the difference from nothing). Encoding yields to the loop every ``SL
 snapshot of 10,000 projects never holds the main loop. A generation is pickled once for all the
 workers that are at the same base. A worker applies a delta only on top of the generation it is based
 on and never one older than what it has; it acknowledges each; one that has not caught up within
-``LAG_SECONDS`` is a problem (degraded). GeoIP: a ``ProximityMap`` is not sent; the worker opens the
-same database file and builds its own (until then, proximity names answer every healthy address).
+``LAG_SECONDS`` is a problem (degraded). A delta on a generation the worker does not have (a bug, not
+a normal event) is ignored and the worker asks for a snapshot (``resync``); the main process sends it
+the difference from nothing next, counted in ``region_agent_dns_worker_resyncs_total{worker}`` and
+logged (the first, then every 100th); the worker answers from the tables it has until it is in.
+GeoIP: a ``ProximityMap`` is not sent; the worker opens the same database file and builds its own
+(until then, proximity names answer every healthy address).
 
 **UPDATE** (ACME, and TSIG-signed queries) must reach the main process's store, so a worker forwards
 such a message over a second socket pair, tagged with a token, and goes on answering; the main
@@ -132,6 +136,8 @@ class Slot:
     retired_forwards: collections.Counter[str] = field(default_factory=collections.Counter)
     retired: DnsCounters = field(default_factory=DnsCounters)  # what its earlier processes answered
     restarts = 0
+    resyncs = 0                           # snapshots sent because a delta did not apply (its processes summed)
+    resynced_through = 0                  # what it was sent before the last such snapshot: later asks repeat it
     down_since: float | None = None
     last_exit: int | None = None
     started_at = 0.0
@@ -289,6 +295,7 @@ class DnsWorkers:
         reader, writer = await asyncio.open_connection(sock=feed)
         upd_reader, upd_writer = await asyncio.open_connection(sock=upd)
         slot.process, slot.writer = process, writer
+        slot.resynced_through = 0
         slot.sent, slot.sent_gen, slot.acked_gen, slot.geo_token, slot.withheld_sent = None, 0, 0, 0, self.withheld
         slot.counters, slot.behind_since, slot.started_at = None, time.monotonic(), time.monotonic()
         slot.ready = loop.create_future()
@@ -315,6 +322,8 @@ class DnsWorkers:
                     if slot.acked_gen == self.gen:
                         slot.behind_since = None
                     self.generation_changed.set()
+                elif kind == "resync":
+                    self._resync(slot, message[1], message[2])
                 elif kind == "stats":
                     slot.counters, slot.forwards = message[1], message[2]
                 elif kind == "ready" and slot.ready is not None and not slot.ready.done():
@@ -332,6 +341,21 @@ class DnsWorkers:
         finally:
             if slot.ready is not None and not slot.ready.done():
                 slot.ready.set_exception(WorkerStartError(f"dns.workers: worker {slot.index} exited while starting"))
+
+    def _resync(self, slot: Slot, rejected: int, has: int) -> None:
+        """The worker could not apply delta ``rejected`` (it has generation ``has``): a snapshot next.
+
+        It answers from what it has meanwhile. Asks for deltas sent before the snapshot repeat this one.
+        """
+        if rejected <= slot.resynced_through or slot.writer is None:
+            return
+        slot.resyncs += 1
+        slot.resynced_through = slot.sent_gen
+        if slot.resyncs == 1 or slot.resyncs % 100 == 0:
+            logger.warning("dns worker %d could not apply generation %d (it has %d): sending it a snapshot "
+                           "(%d times so far)", slot.index, rejected, has, slot.resyncs)
+        slot.sent, slot.sent_gen = None, 0   # the difference from nothing, at the next round
+        self._wake.set()
 
     async def _serve_updates(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """UPDATEs and signed queries forwarded by a worker, answered by the main process's handler."""
@@ -558,11 +582,15 @@ class WorkersCollector(Collector):
                                       "process (its earlier processes included)", labels=["worker"])
         lag = GaugeMetricFamily("region_agent_dns_worker_generation_lag", "Zone generations a worker is behind "
                                 "the main process's newest tables", labels=["worker"])
+        resyncs = CounterMetricFamily("region_agent_dns_worker_resyncs", "Full snapshots sent to a worker because "
+                                      "a delta did not apply to the generation it had", labels=["worker"])
         for slot in slots:
+            resyncs.add_metric([str(slot.index)], slot.resyncs)
             restarts.add_metric([str(slot.index)], slot.restarts)
             answers.add_metric([str(slot.index)], slot.answers())
             lag.add_metric([str(slot.index)], self.workers.gen - slot.acked_gen)
         yield restarts
+        yield resyncs
         yield answers
         yield lag
         yield CounterMetricFamily("region_agent_dns_worker_forwarded_updates", "UPDATEs and signed queries a "

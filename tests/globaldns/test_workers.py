@@ -16,6 +16,7 @@ import struct
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import dns.message
 import dns.rcode
@@ -31,9 +32,9 @@ from region_agent.globaldns.metrics import DnsCounters
 from region_agent.globaldns.server import DnsServer
 from region_agent.globaldns.service import ZoneService
 from region_agent.globaldns.settings import DnsSettings
-from region_agent.globaldns.tables import ZoneHolder
-from region_agent.globaldns.worker_main import Forwarder, ForwardTable, sockaddr
-from region_agent.globaldns.workers import FRAME, frame
+from region_agent.globaldns.tables import ZoneHolder, ZoneTables
+from region_agent.globaldns.worker_main import Forwarder, ForwardTable, Worker, sockaddr
+from region_agent.globaldns.workers import FRAME, DnsWorkers, Slot, frame
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
 from region_agent.state.store import Store
@@ -242,7 +243,7 @@ async def test_a_udp_forward_is_answered_when_the_main_process_answers_and_dropp
         main_end.sendall(frame((token, _answer_header(data))))       # the main process answers the UPDATE
         answer = await asyncio.wait_for(loop.sock_recv(client, 4096), 2)
         assert answer[:2] == update[:2] and answer[2] & 0x80         # its ID, a response, to the same port
-        assert forwarder.table.stats["answered"] == 1
+        assert forwarder.table.stats["answered"] == 1 and forwarder.udp_waits == 0  # it did not wait
 
         forwarder.table.timeout = 0.05                               # one the main process never answers
         await loop.sock_sendto(client, update, ("127.0.0.1", port))
@@ -309,3 +310,77 @@ async def test_a_worker_answers_queries_while_its_forward_waits_for_the_main_pro
             with contextlib.suppress(ProcessLookupError, ChildProcessError):
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
+
+
+# --- a delta that does not apply: the worker asks for a snapshot -------------------------------------------
+
+def _fed(frames: list[bytes]) -> list[tuple[Any, ...]]:
+    return [pickle.loads(data[4:]) for data in frames]
+
+
+async def test_a_worker_given_a_delta_on_a_generation_it_lacks_asks_for_a_snapshot_and_answers_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    feeder = DnsWorkers(DnsSettings(zone=ZONE, workers=2), lambda: None)
+    first = tables_for([ha("shop")], {"shop": up("sfo1")})
+    second = tables_for([ha("shop"), ha("blog")], {"shop": up("sfo1"), "blog": up("ams1")}, previous=first)
+    worker = Worker(-1, -1)
+    sent: list[object] = []
+    monkeypatch.setattr(worker, "_send", sent.append)
+    for message in _fed(await feeder._encode(None, 0, first, 1)):
+        assert await worker._apply(message)
+    assert worker.gen == 1 and sent == [("ack", 1)]
+
+    for message in _fed(await feeder._encode(first, 7, second, 2)):  # based on a generation it never had
+        assert await worker._apply(message)
+    assert worker.gen == 1 and sent[1:] == [("resync", 2, 1)]   # asked once for the whole delta
+    assert worker.holder.tables is not None and worker.holder.tables.serial == first.serial  # still answering
+    assert _answers(worker.holder, f"shop.{ZONE}") and not _answers(worker.holder, f"blog.{ZONE}")
+
+    for message in _fed(await feeder._encode(None, 0, second, 2)):  # the snapshot, same generation
+        assert await worker._apply(message)
+    assert worker.gen == 2 and sent[2:] == [("ack", 2)] and worker.resyncs == 1
+    assert _answers(worker.holder, f"blog.{ZONE}")
+
+
+def _sent(slot: Slot, tables: ZoneTables, gen: int) -> Slot:
+    """``slot`` connected (its writer is never written to here) and sent generation ``gen``."""
+    slot.writer = object()  # type: ignore[assignment]
+    slot.sent, slot.sent_gen = tables, gen
+    return slot
+
+
+def _answers(holder: ZoneHolder, name: str) -> bool:
+    responder = Responder(holder, DnsCounters())
+    out = responder.respond(dns.message.make_query(name, "A").to_wire(), "192.0.2.200", tcp=False)
+    return out is not None and bool(dns.message.from_wire(out).answer)
+
+
+async def test_the_main_process_answers_a_resync_with_one_snapshot_counted() -> None:
+    feeder = DnsWorkers(DnsSettings(zone=ZONE, workers=2), lambda: None)
+    slot = _sent(feeder.slots[0], tables_for([ha("shop")], {"shop": up("sfo1")}), 5)
+    reader = asyncio.StreamReader()
+    reader.feed_data(frame(("resync", 5, 3)) + frame(("resync", 4, 3)) + frame(("resync", 5, 3)))
+    reader.feed_eof()
+    await feeder._listen(slot, reader)
+    assert slot.sent is None and (slot.sent_gen, slot.resyncs) == (0, 1)  # the next round sends the whole tables
+    assert feeder._wake.is_set()
+    reader = asyncio.StreamReader()
+    reader.feed_data(frame(("resync", 6, 3)))   # a later delta that does not apply either: again
+    reader.feed_eof()
+    await feeder._listen(slot, reader)
+    assert slot.resyncs == 2
+
+
+async def test_a_worker_whose_delta_does_not_apply_is_resynced(service: ZoneService) -> None:
+    workers = service.workers
+    assert workers is not None
+    await wait_for(workers.in_step, timeout=5, interval=0.05, message="both workers on the first tables")
+    workers.slots[0].sent_gen += 100   # the main process's record of worker 0 is wrong: its next delta can't apply
+    service.store.put(project_key("fresh"), Project("fresh", ("ams1",)))
+    await service.compiled()
+    await wait_for(workers.in_step, timeout=10, interval=0.05, message="worker 0 resynced to the newest tables")
+    assert [s.resyncs for s in workers.slots] == [1, 0]
+    share, _ = await _answered_by_both(service, f"fresh.{ZONE}", {"192.0.2.2"})
+    assert min(share) > 0, share
+    text = generate_latest(REGISTRY[id(service)]).decode()
+    assert 'region_agent_dns_worker_resyncs_total{worker="0"} 1.0' in text
