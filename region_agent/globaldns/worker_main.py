@@ -2,8 +2,11 @@
 
 Started by :mod:`region_agent.globaldns.workers` as ``python -m region_agent.globaldns.worker_main
 FEED_FD UPDATES_FD``. It reads a hello (its index, the DNS settings), then generations of tables as
-deltas; it binds its sockets (``SO_REUSEPORT``) only once the first snapshot is in, so it never
-answers from no zone. It acknowledges each generation, reports its counters every
+deltas; it binds its sockets (``SO_REUSEPORT``) once the first snapshot is in, so a restarted worker
+never answers from no zone beside workers that have one. When the main process has no tables yet
+(its first compile failed) the hello says so and the worker binds at once and answers SERVFAIL
+(``Responder._unready``) until its first snapshot, as the agent's own process does before its first
+tables. It acknowledges each generation, reports its counters every
 ``STATS_INTERVAL``, forwards UPDATEs to the main process, and exits when the feed ends (the main
 process stopped or died).
 """
@@ -366,8 +369,9 @@ class Worker:
     async def run(self) -> int:
         reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=self.feed_fd))
         self.writer = writer
-        # withheld comes with the hello: a worker must not answer its first tables if the zone is withheld
-        _kind, self.index, settings, forward, self.withheld = pickle.loads(await read_frame(reader))
+        # withheld comes with the hello: a worker must not answer its first tables if the zone is withheld.
+        # no_tables: the main process has none yet (its first compile failed): bind now and answer SERVFAIL.
+        _kind, self.index, settings, forward, self.withheld, no_tables = pickle.loads(await read_frame(reader))
         assert isinstance(settings, DnsSettings)
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s dns-worker-{self.index} %(levelname)s %(message)s")
         responder = Responder(self.holder, self.counters, ResponderLimits(
@@ -380,6 +384,8 @@ class Worker:
                                 tcp_limits(settings), share_port=True)
         stats = asyncio.get_running_loop().create_task(self._report())
         try:
+            if no_tables and not await self._bind():
+                return 2
             while True:
                 try:
                     data = await read_frame(reader)
@@ -407,14 +413,7 @@ class Worker:
         elif kind == "tables":
             await self._finish(message)
             if self.server is not None and not self.server.bound and self.latest is not None:
-                try:
-                    await self.server.start()
-                except BindError as error:
-                    self._send(("bind_error", str(error)))
-                    assert self.writer is not None
-                    await self.writer.drain()
-                    return False
-                self._send(("ready", self.server.bound))
+                return await self._bind()
         elif kind == "withhold":
             self.withheld = message[1]
             self._install()
@@ -427,6 +426,18 @@ class Worker:
                 task = asyncio.get_running_loop().create_task(self._build_map(locator, path, sites))
                 self.background.add(task)
                 task.add_done_callback(self.background.discard)
+        return True
+
+    async def _bind(self) -> bool:
+        """Bind the sockets and say so (``ready``); False (said: ``bind_error``) if they can not be bound."""
+        assert self.server is not None and self.writer is not None
+        try:
+            await self.server.start()
+        except BindError as error:
+            self._send(("bind_error", str(error)))
+            await self.writer.drain()
+            return False
+        self._send(("ready", self.server.bound))
         return True
 
     def _start(self, gen: int, base_gen: int) -> dict[bytes, Node] | None:

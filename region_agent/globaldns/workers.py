@@ -15,8 +15,11 @@ any more, in pickled chunks of ``CHUNK_NODES``, then one closing message with th
 what the rest of the tables are made of (apex, serial, empty non-terminals, the zone config and the
 regions, from which the worker makes the negative answers itself). Unchanged projects keep their
 node object from one compilation to the next, so a health flip sends one node. A worker starts with
-a snapshot (the difference from nothing). Encoding yields to the loop every ``SLICE_SECONDS``: a full
-snapshot of 10,000 projects never holds the main loop. A generation is pickled once for all the
+a snapshot (the difference from nothing) and binds its sockets once it is in; if the main process has
+no tables yet (its first compile failed) the worker binds at once and answers SERVFAIL until its first
+snapshot, as one process does before its first tables, so the start does not wait for a zone.
+Encoding yields to the loop every ``SLICE_SECONDS``: a full snapshot of 10,000 projects never holds
+the main loop. A generation is pickled once for all the
 workers that are at the same base. A worker applies a delta only on top of the generation it is based
 on and never one older than what it has; it acknowledges each; one that has not caught up within
 ``LAG_SECONDS`` is a problem (degraded). A delta on a generation the worker does not have (a bug, not
@@ -300,7 +303,9 @@ class DnsWorkers:
         slot.counters, slot.behind_since, slot.started_at = None, time.monotonic(), time.monotonic()
         slot.ready = loop.create_future()
         settings = self.settings.model_copy(update={"port": self.port})
-        writer.write(frame(("hello", slot.index, settings, self._updates() is not None, self.withheld)))
+        # No tables yet (the first compile failed): the worker binds now and answers SERVFAIL until they come.
+        writer.write(frame(("hello", slot.index, settings, self._updates() is not None, self.withheld,
+                            self.latest is None)))
         slot.tasks = [loop.create_task(self._listen(slot, reader), name=f"dns worker {slot.index} reports"),
                       loop.create_task(self._serve_updates(upd_reader, upd_writer),
                                        name=f"dns worker {slot.index} updates")]

@@ -26,6 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
+from region_agent.globaldns import service as zone_service
 from region_agent.globaldns.acme.service import header_only
 from region_agent.globaldns.answer import Responder
 from region_agent.globaldns.metrics import DnsCounters
@@ -384,3 +385,60 @@ async def test_a_worker_whose_delta_does_not_apply_is_resynced(service: ZoneServ
     assert min(share) > 0, share
     text = generate_latest(REGISTRY[id(service)]).decode()
     assert 'region_agent_dns_worker_resyncs_total{worker="0"} 1.0' in text
+
+
+# --- no tables yet: the workers answer SERVFAIL, as one process does ----------------------------------------
+
+def _rcodes(port: int, name: str, count: int) -> list[int | None]:
+    """``count`` A queries, each from a new source port (so both workers): their rcodes (None: no answer)."""
+    wire = dns.message.make_query(name, dns.rdatatype.A).to_wire()
+    out: list[int | None] = []
+    for _ in range(count):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(2.0)
+            sock.sendto(wire, ("127.0.0.1", port))
+            try:
+                out.append(dns.message.from_wire(sock.recv(4096)).rcode())
+            except TimeoutError:
+                out.append(None)
+    return out
+
+
+async def test_workers_answer_servfail_when_the_first_compile_fails_then_the_zone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("bad entry")
+
+    monkeypatch.setattr(zone_service, "compile_zone", failing)   # the start's one-go compile fails
+    zone = ZoneService(DnsSettings(zone=ZONE, listen_addresses=("127.0.0.1",), port=0, workers=2), _store(),
+                       CollectorRegistry())
+    assert zone.workers is not None
+    zone.set_health_known()
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(zone.start(), 15)   # it waited START_TIMEOUT (60 s) for a snapshot, then failed
+        took = time.monotonic() - started
+        assert zone.tables is None and zone.problems()[0].startswith("zone compile failed, answering SERVFAIL")
+        rcodes = await asyncio.to_thread(_rcodes, _port(zone), f"p1.{ZONE}", 40)
+        assert rcodes == [dns.rcode.SERVFAIL] * 40, rcodes
+        assert all(count > 0 for count in await _reported_answers(zone.workers, 40)), "both workers answered"
+        print(f"started without a zone in {took:.2f} s; 40 queries: SERVFAIL from both workers")
+
+        zone.store.put(project_key("fresh"), Project("fresh", ("ams1",)))   # the next compile (sliced) works
+        await zone.compiled()
+        await wait_for(zone.workers.in_step, timeout=10, interval=0.05, message="the workers get the zone")
+        rcodes = await asyncio.to_thread(_rcodes, _port(zone), f"p1.{ZONE}", 20)
+        assert rcodes == [dns.rcode.NOERROR] * 20, rcodes
+    finally:
+        pids = [s.pid for s in zone.workers.slots]
+        await zone.stop()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+
+
+async def _reported_answers(workers: DnsWorkers, total: int) -> list[int]:
+    await wait_for(lambda: sum(workers.answers_by_worker()) >= total, timeout=5, interval=0.05,
+                   message="the workers report their counts")
+    return workers.answers_by_worker()
