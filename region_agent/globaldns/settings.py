@@ -207,7 +207,11 @@ class DnsSettings(BaseModel):
         "kept in step by deltas from the main process, which compiles and holds the store. Raise it when one "
         "core is not enough for the queries (an answer costs 7.5-16.5 µs of CPU by query shape in "
         "bench/dns_throughput.py): at most the cores the pod may use, less one for the main process. Each "
-        "worker holds its own copy of the tables (see the globaldns README).",
+        "worker holds its own copy of the tables (see the globaldns README). Limits per worker: each has its "
+        "own dns.rrl buckets, and the kernel sends one source address and port to one worker, but resolvers "
+        "and spoofed floods vary their source port, so a client network gets up to N times the dns.rrl rates "
+        "in total; the UPDATE forward budget is acme.updates_per_second divided by N per worker (together as "
+        "one process).",
     )
     startup_answer: AllDownPolicy = Field(
         default=AllDownPolicy.ALL,

@@ -45,6 +45,7 @@ from region_agent.globaldns.workers import (
     FRAME,
     STATS_INTERVAL,
     TCP_FORWARD_TIMEOUT,
+    forward_budget,
     frame,
     read_frame,
 )
@@ -377,8 +378,7 @@ class Worker:
         responder = Responder(self.holder, self.counters, ResponderLimits(
             our_payload=settings.udp_payload, memo_entries=settings.response_memo_entries), rate_limiter(settings.rrl))
         if forward:
-            per_second = settings.acme.updates_per_second  # twice the main process's budgets
-            self.forwarder = Forwarder(socket.socket(fileno=self.updates_fd), per_second * 2, per_second * 4)
+            self.forwarder = Forwarder(socket.socket(fileno=self.updates_fd), *forward_budget(settings))
             responder.updates = self.forwarder
         self.server = DnsServer(responder, [(a, settings.port) for a in settings.listen_addresses],
                                 tcp_limits(settings), share_port=True)

@@ -40,7 +40,19 @@ order when the responder returns it and ends the connection at a None, so a TCP 
 its worker until the answer comes, at most ``TCP_FORWARD_TIMEOUT`` (0.5 s; the connection then ends);
 answering it later needs a deferred answer in ``server.py``. Forwards are rare (a handful per
 certificate) and charged to a per-worker budget before they are sent, so junk UPDATEs cost a worker a
-12-byte REFUSED, not a round trip.
+12-byte REFUSED, not a round trip. That budget is one process's divided by N (``forward_budget``:
+``acme.updates_per_second`` / N a second, a burst of 2 × that / N, at least 1), so all the workers
+together forward no more than one process takes; the main process's own budgets (by key, source and
+unverified) then apply as with one process. One client's UPDATEs from one source port reach one
+worker, so a single client gets 1/N of the budget (a certificate's few UPDATEs fit).
+
+**Per-worker limits.** Each worker has its own response rate limiter (``dns.rrl``) buckets and memo.
+The kernel picks the socket of a ``SO_REUSEPORT`` group by a hash of the flow (source and destination
+address and port), so the queries of one source address *and port* all go to one worker (until the
+group changes: a worker exiting or starting rehashes flows) and are limited as by one process. A
+resolver varies its source port per query (RFC 5452), and so does a spoofed reflection flood, so their
+queries spread over the workers: a client network gets up to N times the ``dns.rrl`` rates in total
+(each worker allows it the full rate).
 
 **Supervision.** A worker that exits is restarted after a backoff (``RESTART_BACKOFF``, doubling; reset
 after ``STABLE_SECONDS`` up), counted in ``region_agent_dns_worker_restarts_total{worker}`` and shown in
@@ -90,6 +102,14 @@ STABLE_SECONDS = 60.0
 STATS_INTERVAL = 0.5        # workers report their counters this often
 MAX_UNSENT = 256 << 20      # bytes queued to one worker before it is restarted (it is not reading)
 UpdateHandler = Callable[..., bytes | None]
+
+
+def forward_budget(settings: DnsSettings) -> tuple[float, float]:
+    """One worker's UPDATE forward budget (per second, burst): one process's (``acme.updates_per_second``,
+    burst twice that, as ``service.acme_updates``) divided by the workers, so together they forward what
+    one process would take; the burst is at least one UPDATE per worker."""
+    per_second, workers = settings.acme.updates_per_second, max(1, settings.workers)
+    return per_second / workers, max(1.0, max(1, int(per_second * 2)) / workers)
 
 
 def frame(message: object, locator: object = None, token: int = 0) -> bytes:

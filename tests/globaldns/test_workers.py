@@ -35,7 +35,7 @@ from region_agent.globaldns.service import ZoneService
 from region_agent.globaldns.settings import DnsSettings
 from region_agent.globaldns.tables import ZoneHolder, ZoneTables
 from region_agent.globaldns.worker_main import Forwarder, ForwardTable, Worker, sockaddr
-from region_agent.globaldns.workers import FRAME, DnsWorkers, Slot, frame
+from region_agent.globaldns.workers import FRAME, DnsWorkers, Slot, forward_budget, frame
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
 from region_agent.state.store import Store
@@ -442,3 +442,45 @@ async def _reported_answers(workers: DnsWorkers, total: int) -> list[int]:
     await wait_for(lambda: sum(workers.answers_by_worker()) >= total, timeout=5, interval=0.05,
                    message="the workers report their counts")
     return workers.answers_by_worker()
+
+
+# --- per-worker limits: the UPDATE forward budget is one process's divided by N ------------------------------
+
+def test_the_workers_forward_budget_adds_up_to_one_process() -> None:
+    one = (20.0, 40.0)   # acme.updates_per_second 20, burst twice that (service.acme_updates)
+    for workers in (2, 4, 8):
+        rate, burst = forward_budget(DnsSettings(zone=ZONE, workers=workers))
+        assert (rate * workers, burst * workers) == pytest.approx(one)
+    assert forward_budget(DnsSettings(zone=ZONE, workers=64)) == pytest.approx((20 / 64, 1.0))  # a burst of 1 at least
+
+
+async def test_one_worker_forwards_its_share_of_the_update_budget() -> None:
+    """acme.updates_per_second 2 (a burst of 4) over 2 workers: one client socket (one worker) gets 2 forwarded."""
+    zone = ZoneService(DnsSettings(zone=ZONE, listen_addresses=("127.0.0.1",), port=0, workers=2,
+                                   acme={"updates_per_second": 2}), _store(), CollectorRegistry())
+    assert zone.workers is not None
+    zone.workers._updates = lambda: lambda data, source, **_: _answer_header(data)
+    zone.set_health_known()
+    await zone.start()
+    pids = [s.pid for s in zone.workers.slots]
+    try:
+        port = _port(zone)
+
+        def burst() -> list[int]:
+            rcodes = []
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.settimeout(3.0)
+                for _ in range(8):
+                    sock.sendto(_update_wire(), ("127.0.0.1", port))
+                    rcodes.append(sock.recv(4096)[3] & 0x0F)
+            return rcodes
+
+        rcodes = await asyncio.to_thread(burst)
+        assert rcodes.count(dns.rcode.NOERROR) in (2, 3), rcodes   # 2, and 1 more if a second went by
+        assert rcodes.count(dns.rcode.REFUSED) == 8 - rcodes.count(dns.rcode.NOERROR)
+    finally:
+        await zone.stop()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
