@@ -23,7 +23,6 @@ from region_agent.globaldns.rrl import DROP, ERROR, PASS, RESPONSE, SLIP, RateLi
 from region_agent.globaldns.rrl import NXDOMAIN as RRL_NXDOMAIN
 from region_agent.globaldns.tables import REFUSED_REPLY, Reply, ZoneHolder, ZoneTables
 from region_agent.globaldns.wire import (
-    AA,
     ANY,
     AXFR,
     BADVERS,
@@ -124,22 +123,30 @@ def render(query: Query, reply: Reply, *, max_size: int, our_payload: int) -> by
     if edns is None:
         opt = b""
     elif edns.client_subnet is None:
-        opt = _plain_opt(our_payload, rcode, edns.do)
+        opt = _PLAIN_OPTS.get((our_payload, rcode, edns.do)) or _plain_opt(our_payload, rcode, edns.do)
     else:
-        opt = opt_record(our_payload, extended_rcode=rcode, do=edns.do,
-                         options=edns.client_subnet.option(reply.scope))
+        echoes = edns.echoes
+        if echoes is None:
+            echoes = edns.echoes = {}
+        echo = echoes.get((our_payload, rcode, reply.scope))  # a handful: rcodes × scopes of its answers
+        if echo is None:
+            echo = echoes[(our_payload, rcode, reply.scope)] = opt_record(
+                our_payload, extended_rcode=rcode, do=edns.do, options=edns.client_subnet.option(reply.scope))
+        opt = echo
     question = query.question
-    answer_data, authority_data, additional_data = reply.answer.data, reply.authority.data, reply.additional.data
-    an, ns, ar = reply.answer.count, reply.authority.count, reply.additional.count
-    flags = QR | (query.flags & _COPIED_FLAGS) | (rcode & 0xF) | (AA if reply.aa else 0)
-    size = 12 + len(question) + len(answer_data) + len(authority_data) + len(additional_data) + len(opt)
-    if size > max_size:
-        additional_data, ar = b"", 0
-        if size - len(reply.additional.data) > max_size:
-            answer_data, authority_data, an, ns = b"", b"", 0, 0
-            flags |= TC
-    return b"".join((_HEADER.pack(query.id, flags, 1, an, ns, ar + (1 if opt else 0)), question, answer_data,
-                     authority_data, additional_data, opt))
+    body = reply.body
+    flags = QR | (query.flags & _COPIED_FLAGS) | reply.flag_bits
+    if 12 + len(question) + len(body) + len(opt) <= max_size:
+        return b"".join((_HEADER.pack(query.id, flags, 1, reply.answer.count, reply.authority.count,
+                                      reply.additional.count + (1 if opt else 0)), question, body, opt))
+    # Too large: additional records go first, then TC with the answer and authority left out.
+    answer_data, authority_data = reply.answer.data, reply.authority.data
+    an, ns = reply.answer.count, reply.authority.count
+    if 12 + len(question) + len(answer_data) + len(authority_data) + len(opt) > max_size:
+        answer_data, authority_data, an, ns = b"", b"", 0, 0
+        flags |= TC
+    return b"".join((_HEADER.pack(query.id, flags, 1, an, ns, 1 if opt else 0), question, answer_data,
+                     authority_data, opt))
 
 
 @dataclass
@@ -211,12 +218,59 @@ class Responder:
             self.counters.observe(time.perf_counter() - started)
         return out
 
+    def udp_hit(self, data: bytes) -> bytes | None:
+        """A UDP query's response from the memo, or None: then :meth:`udp_miss` answers it.
+
+        What ``respond`` does for a memo hit, minus what a UDP listener knows it need not: no rate
+        limiter (with one, every query goes through ``udp_miss``), no source address (which only
+        the limiter and the miss path read), so the listener converts an address only on a miss.
+        """
+        tables = self.holder.tables
+        if tables is None or self.rrl is not None or not self._memo_on:
+            return None
+        memo = tables.response_memo
+        if memo is None:
+            return None
+        end = data.find(0, 12)
+        if end <= 0:
+            return None
+        queries = self._queries + 1  # kept only for a hit: a miss is counted by udp_miss
+        started = 0.0 if queries & self._sample_mask else time.perf_counter()
+        key = data[2:end].lower() + data[end:]
+        entry = memo.main.get(key) or memo.promote(key)
+        if entry is None:
+            return None
+        self._queries = queries
+        entry.hot = True
+        counters = self.counters
+        counters.memo_hits += 1
+        counters.answers[entry.counted] += 1
+        response = b"".join((data[:2], entry.head, data[12:entry.qend], entry.tail))
+        if started:
+            counters.observe(time.perf_counter() - started)
+        return response
+
+    def udp_miss(self, data: bytes, source: str | None) -> bytes | None:
+        """``respond`` for a UDP query :meth:`udp_hit` did not answer (it looks at the memo again
+        only when there is a rate limiter, which ``udp_hit`` leaves to this path)."""
+        if self.rrl is not None:
+            return self.respond(data, source, tcp=False)
+        self._queries = queries = self._queries + 1
+        started = 0.0 if queries & self._sample_mask else time.perf_counter()
+        tables = self.holder.tables
+        if tables is None:
+            return self._unready(data, tcp=False)
+        out = self._respond(data, source, False, tables)
+        if started:
+            self.counters.observe(time.perf_counter() - started)
+        return out
+
     def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables) -> bytes | None:
         """Everything but a memo hit: parse, answer, rate-limit, render, maybe memoise."""
         if self.updates is not None and len(data) > 2 and data[2] & 0x78 == 0x28:  # opcode 5: UPDATE
             return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload)
         try:
-            query = parse_query(data)
+            query = parse_query(data, tables.nodes)
         except MessageError as error:
             if error.rcode == NOTAUTH and self.updates is not None:  # the parser's answer to a TSIG-signed query
                 return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload)
@@ -248,8 +302,12 @@ class Responder:
             if action == SLIP:
                 self.counters.answers[(query.qtype, rcode)] += 1
                 return render(query, reply, max_size=0, our_payload=self.limits.our_payload)
-        max_size = max_response_size(query, tcp=tcp, our_payload=self.limits.our_payload)
-        out = render(query, reply, max_size=max_size, our_payload=self.limits.our_payload)
+        our_payload = self.limits.our_payload
+        edns = query.edns
+        # max_response_size, inlined: the miss path
+        max_size = TCP_MAX if tcp else MIN_UDP_PAYLOAD if edns is None else max(MIN_UDP_PAYLOAD,
+                                                                                 min(edns.payload, our_payload))
+        out = render(query, reply, max_size=max_size, our_payload=our_payload)
         capacity = self.limits.memo_entries
         if capacity and rcode in MEMOISED_RCODES and not reply.client_dependent and memoisable(data):
             memo = tables.tcp_response_memo if tcp else tables.response_memo

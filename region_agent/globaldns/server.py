@@ -207,7 +207,7 @@ class UdpListener:
 
     def __init__(self, sock: socket.socket, responder: Responder) -> None:
         self.sock = sock
-        self.respond = responder.respond
+        self.hit, self.miss = responder.udp_hit, responder.udp_miss
         self.loop = asyncio.get_running_loop()
         self.fd = sock.fileno()
         self.mmsg = _Mmsg(sock.family) if _MMSG is not None else None
@@ -219,36 +219,58 @@ class UdpListener:
 
     def _readable_batched(self) -> None:
         """One recvmmsg of up to ``UDP_BATCH`` datagrams, their answers in one sendmmsg."""
-        mmsg = self.mmsg
-        assert mmsg is not None and _MMSG is not None
-        recvmmsg, sendmmsg = _MMSG
-        count = recvmmsg(self.fd, mmsg.recv, UDP_BATCH, _MSG_DONTWAIT, None)
+        assert self.mmsg is not None and _MMSG is not None
+        count = _MMSG[0](self.fd, self.mmsg.recv, UDP_BATCH, _MSG_DONTWAIT, None)
         if count <= 0:
             error = ctypes.get_errno()
             if count < 0 and error not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                 logger.debug("UDP receive error: %s", os.strerror(error))
             return
-        respond, source = self.respond, mmsg.source
-        data, names, iovecs, namelen = mmsg.data, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
-        send_data, send_iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _SIZE_T.pack_into
-        sending = 0
+        sending = self._answer_batch(count)
+        if sending:
+            self._send_batch(sending)
+
+    def _answer_batch(self, count: int) -> int:
+        """Answer receive slots ``0..count-1`` into the send slots; how many answers are there to send.
+
+        Per datagram: its bytes (one slice of the mapped buffers), the memo (``udp_hit``), and only
+        on a miss the sender's address as text and the whole answer path (``udp_miss``).
+        """
+        mmsg = self.mmsg
+        assert mmsg is not None
+        hit, miss, source = self.hit, self.miss, mmsg.source
+        buffers, names, iovecs, namelen = mmsg.buffers, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
+        at, iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _SIZE_T.pack_into
+        sending = start = 0
         for i, length in enumerate(mmsg.lengths[:count].tolist()):
+            data = buffers[start:start + length]
+            start += _SLOT
             try:
-                out = respond(bytes(data[i * _SLOT:i * _SLOT + length]), source(i), tcp=False)
+                out = hit(data) or miss(data, source(i))
             except Exception:  # a bug must cost one query, never the listener
                 logger.exception("error answering a UDP query")
                 continue
-            if out is None or len(out) > _SLOT:
+            if out is None:
                 continue
-            at = send_data + sending * _SLOT
-            data[at:at + len(out)] = out
+            size = len(out)
+            buffers[at:at + size] = out  # at most 65,535 bytes: UDP's bound, within a slot
             if sending != i:  # an earlier one got no answer: this address moves down to its send slot
                 names[sending * namelen:(sending + 1) * namelen] = names[i * namelen:(i + 1) * namelen]
-            pack_len(iovecs, send_iov_len + sending * _IOVEC, len(out))
+            pack_len(iovecs, iov_len, size)
+            at += _SLOT
+            iov_len += _IOVEC
             sending += 1
-        # sendmmsg stops at the first answer the kernel refuses (a full buffer, or a source it can not
-        # send to: port 0, unroutable): that one is skipped and the rest still go, unless the buffer is full.
-        done, first = 0, ctypes.addressof(mmsg.send)
+        return sending
+
+    def _send_batch(self, sending: int) -> None:
+        """sendmmsg the first ``sending`` send slots.
+
+        sendmmsg stops at the first answer the kernel refuses (a full buffer, or a source it can not
+        send to: port 0, unroutable): that one is skipped and the rest still go, unless the buffer is full.
+        """
+        assert self.mmsg is not None and _MMSG is not None
+        sendmmsg = _MMSG[1]
+        done, first = 0, ctypes.addressof(self.mmsg.send)
         while done < sending:
             sent = sendmmsg(self.fd, first + done * _HDR, sending - done, _MSG_DONTWAIT)
             if sent > 0:
@@ -265,7 +287,7 @@ class UdpListener:
         """Without recvmmsg: recvfrom until EAGAIN (at most ``UDP_BATCH``), one sendto per answer."""
         recvfrom = self.sock.recvfrom
         sendto = self.sock.sendto
-        respond = self.respond
+        hit, miss = self.hit, self.miss
         for _ in range(UDP_BATCH):
             try:
                 data, addr = recvfrom(UDP_MAX_QUERY)
@@ -275,7 +297,7 @@ class UdpListener:
                 logger.debug("UDP receive error: %s", error)
                 continue
             try:
-                out = respond(data, addr[0], tcp=False)
+                out = hit(data) or miss(data, addr[0])
             except Exception:  # a bug must cost one query, never the listener
                 logger.exception("error answering a UDP query")
                 continue

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from region_agent.globaldns.memo import ResponseMemo
 from region_agent.globaldns.records import EMPTY, Section
-from region_agent.globaldns.wire import NOERROR, NXDOMAIN, REFUSED
+from region_agent.globaldns.wire import AA, NOERROR, NXDOMAIN, REFUSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,14 @@ class Reply:
     additional: Section = EMPTY
     scope: int = 0  # ECS scope prefix length: how widely the answer holds
     client_dependent: bool = False  # depends on the client's address (proximity)
+    # Made once from the fields above, for render: the three sections' bytes back to back, and
+    # the header's rcode and AA bits.
+    body: bytes = field(init=False, repr=False, compare=False)
+    flag_bits: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "body", self.answer.data + self.authority.data + self.additional.data)
+        object.__setattr__(self, "flag_bits", (self.rcode & 0xF) | (AA if self.aa else 0))
 
 
 REFUSED_REPLY = Reply(REFUSED, aa=False)

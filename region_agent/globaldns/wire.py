@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-from dataclasses import dataclass
+from collections.abc import Container
+from dataclasses import dataclass, field
 
 # Types and classes (RFC 1035 §3.2, RFC 3596, RFC 6891, RFC 8945).
 A, NS, SOA, HINFO, TXT, AAAA, OPT, TSIG, IXFR, AXFR, ANY = 1, 2, 6, 13, 16, 28, 41, 250, 251, 252, 255
@@ -43,6 +44,7 @@ MIN_UDP_PAYLOAD = 512
 _HEADER = struct.Struct("!HHHHHH")
 _U16 = struct.Struct("!H")
 _RR_FIXED = struct.Struct("!HHIH")  # type, class, ttl, rdlength
+_QTAIL = struct.Struct("!HH")  # qtype, qclass
 
 
 class MessageError(Exception):
@@ -97,6 +99,9 @@ class Edns:
     version: int
     do: bool
     client_subnet: ClientSubnet | None
+    # The response OPT records that echo this client subnet, by (our payload, rcode, scope): an Edns
+    # is shared by every query with the same OPT bytes (parse_query's memo), so each is built once.
+    echoes: dict[tuple[int, int, int], bytes] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -140,23 +145,6 @@ def name_from_text(name: str) -> bytes:
     if len(out) > 255:
         raise ValueError(f"name {name!r} is longer than 255 octets")
     return bytes(out)
-
-
-def _read_name(data: bytes, offset: int) -> int:
-    """Return the offset after an uncompressed name; raise ValueError if malformed."""
-    total = 0
-    while True:
-        n = data[offset]
-        if n == 0:
-            return offset + 1
-        if n & 0xC0:
-            raise ValueError("compressed or extended label")
-        offset += n + 1
-        total += n + 1
-        if total > 254:
-            raise ValueError("name longer than 255 octets")
-        if offset >= len(data):
-            raise ValueError("name runs past the message")
 
 
 def _skip_name(data: bytes, offset: int) -> int:
@@ -213,9 +201,24 @@ def find_opt(data: bytes) -> Edns | None:
         return None
 
 
-def parse_query(data: bytes) -> Query:
-    """Parse a query, or raise :class:`MessageError` saying how to answer it."""
-    if len(data) < 12:
+OPT_MEMO_BYTES = 64  # OPT records up to this size (a plain OPT is 11 octets, one with an IPv6 /56 ECS 26) are memoised
+OPT_MEMO_ENTRIES = 4096  # distinct ones kept; when full it starts again (a flood of subnets costs a parse each)
+_OPT_MEMO: dict[bytes, Edns] = {}  # a query's closing OPT record, byte for byte → what it parsed to
+
+
+def parse_query(data: bytes, known: Container[bytes] = ()) -> Query:
+    """Parse a query, or raise :class:`MessageError` saying how to answer it.
+
+    The common shape (one question, then nothing or one OPT record) takes the short way: an OPT
+    record seen before is looked up by its bytes instead of parsed again (resolvers send the
+    same few; one with a client subnet repeats per subnet), and a name whose lower-case form is
+    in ``known`` (lower-case wire names without zero octets inside labels: the zone's owner
+    names) is not walked label by label. That is exact: ``lower`` changes only octets 0x41-0x5A,
+    never a label length (at most 63), so the query's labels lie where the known name's do and
+    its first zero octet ends it.
+    """
+    size = len(data)
+    if size < 12:
         raise MessageError("short header", None)
     qid, flags, qdcount, ancount, nscount, arcount = _HEADER.unpack_from(data)
     if flags & QR:
@@ -223,23 +226,62 @@ def parse_query(data: bytes) -> Query:
     if qdcount != 1:
         opcode_ok = (flags & OPCODE_MASK) >> 11 == OPCODE_QUERY
         raise _answerable(data, f"{qdcount} questions", FORMERR if opcode_ok else NOTIMP, qid, flags)
-    try:
-        qend = _read_name(data, 12)
-    except (ValueError, IndexError):
-        raise _answerable(data, "malformed question name", FORMERR, qid, flags) from None
-    if qend + 4 > len(data):
+    qend = data.find(0, 12) + 1
+    qname_lower = data[12:qend].lower() if qend else b""
+    if qname_lower not in known:
+        qname_lower = b""
+        qend = _walk_name(data, qid, flags)
+    offset = qend + 4
+    if offset > size:
         raise _answerable(data, "truncated question", FORMERR, qid, flags)
-    qtype, qclass = struct.unpack_from("!HH", data, qend)
-    question = data[12:qend + 4]
-    opcode = (flags & OPCODE_MASK) >> 11
-    if opcode != OPCODE_QUERY:
+    qtype, qclass = _QTAIL.unpack_from(data, qend)
+    question = data[12:offset]
+    if flags & OPCODE_MASK:
+        opcode = (flags & OPCODE_MASK) >> 11
         raise _answerable(data, f"opcode {opcode} not implemented", NOTIMP, qid, flags, question)
     # An IXFR query carries the client's SOA in its authority section (RFC 1995 §3): read past
     # it, so that IXFR gets the same REFUSED as AXFR rather than FORMERR.
     if ancount or (nscount and qtype != IXFR):
         raise _answerable(data, "records in the answer or authority section of a query", FORMERR, qid, flags, question)
     edns: Edns | None = None
-    offset = qend + 4
+    if arcount == 1 and not nscount and size - offset <= OPT_MEMO_BYTES:
+        opt = data[offset:]
+        edns = _OPT_MEMO.get(opt)
+        if edns is None:
+            edns = _additional(data, offset, 0, 1, qid, flags, question)
+            if edns is not None:  # it was a well-formed OPT, and all that followed the question
+                if len(_OPT_MEMO) >= OPT_MEMO_ENTRIES:
+                    _OPT_MEMO.clear()
+                _OPT_MEMO[opt] = edns
+    elif nscount or arcount:
+        edns = _additional(data, offset, nscount, arcount, qid, flags, question)
+    elif offset != size:
+        raise _answerable(data, "trailing bytes after the message", FORMERR, qid, flags, question)
+    qname = data[12:qend]
+    return Query(qid, flags, qname, qname_lower or qname.lower(), qtype, qclass, edns, question)
+
+
+def _walk_name(data: bytes, qid: int, flags: int) -> int:
+    """Where the question name that starts at offset 12 ends (after its zero octet); FORMERR if malformed."""
+    qend = 12
+    try:
+        n = data[12]
+        while n:
+            if n > 63:  # a compression pointer or an extended label type: neither belongs in a question
+                raise _answerable(data, "malformed question name", FORMERR, qid, flags)
+            qend += n + 1
+            if qend > 266:  # 255 octets with the zero one (RFC 1035 §3.1), from offset 12
+                raise _answerable(data, "malformed question name", FORMERR, qid, flags)
+            n = data[qend]
+    except IndexError:
+        raise _answerable(data, "malformed question name", FORMERR, qid, flags) from None
+    return qend + 1
+
+
+def _additional(data: bytes, offset: int, nscount: int, arcount: int, qid: int, flags: int,
+                question: bytes) -> Edns | None:
+    """The records after the question (an IXFR's SOA, the OPT): the query's OPT, if it has one."""
+    edns: Edns | None = None
     try:
         for index in range(nscount + arcount):
             owner = offset
@@ -264,8 +306,7 @@ def parse_query(data: bytes) -> Query:
         raise _answerable(data, f"malformed additional section: {exc}", FORMERR, qid, flags, question) from None
     if offset != len(data):
         raise _answerable(data, "trailing bytes after the message", FORMERR, qid, flags, question)
-    qname = data[12:qend]
-    return Query(qid, flags, qname, qname.lower(), qtype, qclass, edns, question)
+    return edns
 
 
 def _parse_opt(data: bytes, offset: int, end: int, payload: int, ttl: int) -> Edns:
