@@ -17,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from region_agent.globaldns import wire as wire_module
 from region_agent.globaldns.answer import Responder, ResponderLimits
 from region_agent.globaldns.metrics import DnsCounters
 from region_agent.globaldns.tables import ZoneHolder
-from region_agent.globaldns.wire import FORMERR, NOTAUTH, NOTIMP, MessageError, parse_query
+from region_agent.globaldns.wire import FORMERR, NOTAUTH, NOTIMP, MessageError, name_from_text, parse_query
 from tests.globaldns.zones import ALL, ZONE, ha, tables_for, up
 
 
@@ -311,3 +312,64 @@ def test_a_refused_query_outside_the_zone_carries_the_opt() -> None:
     query = dns.message.make_query("example.org", "A", use_edns=0)
     response = dns.message.from_wire(_responder().respond(query.to_wire(), "127.0.0.1", tcp=False) or b"")
     assert (response.rcode(), response.edns) == (dns.rcode.REFUSED, 0)
+
+
+def _parsed(wire: bytes, known: frozenset[bytes] = frozenset()) -> tuple[object, ...]:
+    """What parse_query makes of ``wire``: the query's fields, or the error's."""
+    try:
+        q = parse_query(wire, known)
+    except MessageError as error:
+        return ("error", error.reason, error.rcode, error.query_id, error.flags, error.question, error.edns)
+    return ("query", q.id, q.flags, q.qname, q.qname_lower, q.qtype, q.qclass, q.edns, q.question)
+
+
+_KNOWN = frozenset(name_from_text(n) for n in (f"shop.{ZONE}", ZONE, f"a-b.c.{ZONE}", "example.org"))
+
+
+@settings(max_examples=800, derandomize=True, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.data())
+def test_the_short_ways_parse_exactly_as_the_long_one(data: st.DataObject) -> None:
+    """Known names (no label walk) and the OPT memo (no OPT parse) give what a cold, plain parse gives."""
+    queries = _valid_queries()
+    base = bytearray(queries[data.draw(st.integers(0, len(queries) - 1))].to_wire())
+    for _ in range(data.draw(st.integers(0, 3))):
+        position = data.draw(st.integers(0, len(base)))
+        kind = data.draw(st.sampled_from(["flip", "cut", "insert", "case"]))
+        if kind == "flip" and position < len(base):
+            base[position] ^= data.draw(st.integers(1, 255))
+        elif kind == "cut":
+            del base[position:]
+        elif kind == "case" and position < len(base) and chr(base[position]).isalpha():
+            base[position] ^= 0x20
+        else:
+            base[position:position] = data.draw(st.binary(min_size=1, max_size=4))
+    wire = bytes(base)
+    wire_module._OPT_MEMO.clear()
+    cold = _parsed(wire)
+    assert _parsed(wire) == cold  # the OPT now memoised
+    assert _parsed(wire, _KNOWN) == cold
+    if cold[0] == "query":  # and the name is the one the reference parser reads
+        reference = dns.message.from_wire(wire, question_only=True)
+        assert reference.question[0].name.to_wire().lower() == cold[4]
+
+
+def test_a_known_name_keeps_the_case_it_was_sent_in() -> None:
+    wire = dns.message.make_query("ShOp.G.example.COM", "A").to_wire()
+    query = parse_query(wire, _KNOWN)
+    assert query.qname == b"\x04ShOp\x01G\x07example\x03COM\x00"
+    assert query.qname_lower == name_from_text(f"shop.{ZONE}")
+
+
+def test_the_opt_memo_is_bounded_and_keeps_only_short_records() -> None:
+    wire_module._OPT_MEMO.clear()
+    for i in range(wire_module.OPT_MEMO_ENTRIES + 10):
+        subnet = str(ipaddress.IPv4Address(0x0A000000 + (i << 8)))
+        query = dns.message.make_query(f"shop.{ZONE}", "A", use_edns=0, options=[dns.edns.ECSOption(subnet, 24)])
+        edns = parse_query(query.to_wire()).edns
+        assert edns is not None and edns.client_subnet is not None
+        assert edns.client_subnet.ip == ipaddress.IPv4Address(subnet)
+        assert len(wire_module._OPT_MEMO) <= wire_module.OPT_MEMO_ENTRIES
+    wire_module._OPT_MEMO.clear()
+    padding = dns.edns.GenericOption(dns.edns.OptionType.PADDING, bytes(wire_module.OPT_MEMO_BYTES))
+    parse_query(dns.message.make_query(f"shop.{ZONE}", "A", use_edns=0, options=[padding]).to_wire())
+    assert not wire_module._OPT_MEMO
