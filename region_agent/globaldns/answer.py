@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -161,10 +162,22 @@ class ResponderLimits:
 MEMOISED_RCODES = frozenset({NOERROR, SERVFAIL})
 
 
-class UpdateHandler(Protocol):
-    """RFC 2136 UPDATEs and TSIG-signed queries (``region_agent.globaldns.acme.service``)."""
+AnswerLater = Callable[[bytes], None]
+"""Sends the answer to one query when it is ready: UDP to its sender, TCP on its connection (RFC 7766 §6.2.1.1
+lets answers on one connection come out of order). ``later`` (below) makes one for the query being answered
+now, and only while it is being answered."""
 
-    def __call__(self, data: bytes, source: str | None, *, tcp: bool = ..., our_payload: int = ...) -> bytes | None:
+
+class UpdateHandler(Protocol):
+    """RFC 2136 UPDATEs and TSIG-signed queries (``region_agent.globaldns.acme.service``).
+
+    A handler that can not answer at once (a dns worker forwarding to the main process) calls ``later``,
+    returns None, and sends the answer through what ``later`` gave it; a handler that answers at once
+    ignores ``later``. Without ``later`` (None) the answer must be returned.
+    """
+
+    def __call__(self, data: bytes, source: str | None, *, tcp: bool = ..., our_payload: int = ...,
+                 later: Callable[[], AnswerLater] | None = ...) -> bytes | None:
         ...
 
 
@@ -189,7 +202,9 @@ class Responder:
         self._sample_mask = max(1, self.limits.latency_sample) - 1
         self._queries = 0
 
-    def respond(self, data: bytes, source: str | None, *, tcp: bool) -> bytes | None:
+    def respond(self, data: bytes, source: str | None, *, tcp: bool,
+                later: Callable[[], AnswerLater] | None = None) -> bytes | None:
+        """The response to ``data`` (None: nothing to send now; see :class:`UpdateHandler` for ``later``)."""
         self._queries = queries = self._queries + 1
         started = 0.0 if queries & self._sample_mask else time.perf_counter()
         tables = self.holder.tables
@@ -213,7 +228,7 @@ class Responder:
                 if started:
                     counters.observe(time.perf_counter() - started)
                 return response
-        out = self._respond(data, source, tcp, tables)
+        out = self._respond(data, source, tcp, tables, later)
         if started:
             self.counters.observe(time.perf_counter() - started)
         return out
@@ -250,30 +265,31 @@ class Responder:
             counters.observe(time.perf_counter() - started)
         return response
 
-    def udp_miss(self, data: bytes, source: str | None) -> bytes | None:
+    def udp_miss(self, data: bytes, source: str | None, later: Callable[[], AnswerLater] | None = None) -> bytes | None:
         """``respond`` for a UDP query :meth:`udp_hit` did not answer (it looks at the memo again
         only when there is a rate limiter, which ``udp_hit`` leaves to this path)."""
         if self.rrl is not None:
-            return self.respond(data, source, tcp=False)
+            return self.respond(data, source, tcp=False, later=later)
         self._queries = queries = self._queries + 1
         started = 0.0 if queries & self._sample_mask else time.perf_counter()
         tables = self.holder.tables
         if tables is None:
             return self._unready(data, tcp=False)
-        out = self._respond(data, source, False, tables)
+        out = self._respond(data, source, False, tables, later)
         if started:
             self.counters.observe(time.perf_counter() - started)
         return out
 
-    def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables) -> bytes | None:
+    def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables,
+                 later: Callable[[], AnswerLater] | None = None) -> bytes | None:
         """Everything but a memo hit: parse, answer, rate-limit, render, maybe memoise."""
         if self.updates is not None and len(data) > 2 and data[2] & 0x78 == 0x28:  # opcode 5: UPDATE
-            return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload)
+            return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload, later=later)
         try:
             query = parse_query(data, tables.nodes)
         except MessageError as error:
             if error.rcode == NOTAUTH and self.updates is not None:  # the parser's answer to a TSIG-signed query
-                return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload)
+                return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload, later=later)
             self.counters.malformed(error.reason)
             out = error_response(error, our_payload=self.limits.our_payload)
             if out is None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from region_agent.base.sockets import set_port_sharing, source_key
-from region_agent.globaldns.answer import Responder
+from region_agent.globaldns.answer import AnswerLater, Responder
 
 logger = logging.getLogger("region_agent.dns")
 _LENGTH = struct.Struct("!H")
@@ -147,6 +147,7 @@ _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0x40)
 _HDR = ctypes.sizeof(_Mmsghdr)
 _IOVEC = ctypes.sizeof(_Iovec)
 _LEN_AT = _Mmsghdr.len.offset
+_PORT, _PORT32, _SCOPE = struct.Struct("!H"), struct.Struct("!I"), struct.Struct("=I")  # in a sockaddr
 _SIZE_T = struct.Struct("@N")   # an iovec length: size_t, native order (was 4 bytes: right on little-endian only)
 
 
@@ -189,6 +190,17 @@ class _Mmsg:
         self.sources: dict[bytes, str] = {}  # address bytes → text, for Responder (bounded)
         self.keep = (base, names)  # the buffers stay exported (so mapped) while this lives
 
+    def address(self, i: int) -> tuple[Any, ...]:
+        """Receive slot ``i``'s sender as ``sendto`` takes it: (host, port) or (host, port, flowinfo, scope)."""
+        at = i * self.namelen
+        raw = bytes(self.names_view[at:at + self.namelen])
+        (port,) = _PORT.unpack_from(raw, 2)
+        if self.family == socket.AF_INET:
+            return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
+        (flowinfo,) = _PORT32.unpack_from(raw, 4)
+        (scope,) = _SCOPE.unpack_from(raw, 24)
+        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port, flowinfo, scope
+
     def source(self, i: int) -> str:
         """The text address of receive slot ``i``'s sender, as ``recvfrom`` gives it."""
         at = i * self.namelen
@@ -208,6 +220,7 @@ class UdpListener:
     def __init__(self, sock: socket.socket, responder: Responder) -> None:
         self.sock = sock
         self.hit, self.miss = responder.udp_hit, responder.udp_miss
+        self.answering: int | tuple[Any, ...] = -1  # the datagram on the miss path: its receive slot, or its address
         self.loop = asyncio.get_running_loop()
         self.fd = sock.fileno()
         self.mmsg = _Mmsg(sock.family) if _MMSG is not None else None
@@ -238,7 +251,7 @@ class UdpListener:
         """
         mmsg = self.mmsg
         assert mmsg is not None
-        hit, miss, source = self.hit, self.miss, mmsg.source
+        hit, miss, source, later = self.hit, self.miss, mmsg.source, self.later
         buffers, names, iovecs, namelen = mmsg.buffers, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
         at, iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _SIZE_T.pack_into
         sending = start = 0
@@ -246,7 +259,10 @@ class UdpListener:
             data = buffers[start:start + length]
             start += _SLOT
             try:
-                out = hit(data) or miss(data, source(i))
+                out = hit(data)
+                if out is None:
+                    self.answering = i
+                    out = miss(data, source(i), later)
             except Exception:  # a bug must cost one query, never the listener
                 logger.exception("error answering a UDP query")
                 continue
@@ -287,7 +303,7 @@ class UdpListener:
         """Without recvmmsg: recvfrom until EAGAIN (at most ``UDP_BATCH``), one sendto per answer."""
         recvfrom = self.sock.recvfrom
         sendto = self.sock.sendto
-        hit, miss = self.hit, self.miss
+        hit, miss, later = self.hit, self.miss, self.later
         for _ in range(UDP_BATCH):
             try:
                 data, addr = recvfrom(UDP_MAX_QUERY)
@@ -297,7 +313,10 @@ class UdpListener:
                 logger.debug("UDP receive error: %s", error)
                 continue
             try:
-                out = hit(data) or miss(data, addr[0])
+                out = hit(data)
+                if out is None:
+                    self.answering = addr
+                    out = miss(data, addr[0], later)
             except Exception:  # a bug must cost one query, never the listener
                 logger.exception("error answering a UDP query")
                 continue
@@ -306,6 +325,25 @@ class UdpListener:
                     sendto(out, addr)
                 except OSError as error:  # a full send buffer, an unroutable source: this answer is lost
                     logger.debug("UDP send error to %s: %s", addr[0], error)
+
+    def later(self) -> AnswerLater:
+        """Where to send the answer to the datagram on the miss path, when it is ready (``AnswerLater``)."""
+        answering, sock = self.answering, self.sock
+        if isinstance(answering, tuple):
+            addr = answering
+        else:
+            assert self.mmsg is not None and answering >= 0
+            addr = self.mmsg.address(answering)
+
+        def send(out: bytes) -> None:
+            if sock.fileno() < 0:
+                return  # the listener closed (stopping)
+            try:
+                sock.sendto(out, addr)
+            except OSError as error:  # a full send buffer, an unroutable source: lost, as UDP may
+                logger.debug("UDP send error to %s: %s", addr[0], error)
+
+        return send
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -332,6 +370,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self.reading = True
         self.eof = False
         self.ended: str | None = None  # why the server ended it, once it has
+        self.deferred = False  # the message being answered is answered later (``later``)
 
     # --- transport callbacks ------------------------------------------------------------
 
@@ -407,12 +446,16 @@ class TcpProtocol(asyncio.BufferedProtocol):
                 break
             message = bytes(buffer[offset + 2:end])
             offset = end
+            self.deferred = False
             try:
-                response = respond(message, self.peer, tcp=True)
+                response = respond(message, self.peer, tcp=True, later=self.later)
             except Exception:
                 logger.exception("error answering a TCP query")
                 response = None
             if response is None:
+                if self.deferred:  # it is answered when its answer is ready (out of order)
+                    answered += 1
+                    continue
                 bad = True
                 break
             out += _LENGTH.pack(len(response))
@@ -429,6 +472,15 @@ class TcpProtocol(asyncio.BufferedProtocol):
             self.end("bad_message", flush=True)  # the answers before it still go out
             return
         self._settle()
+
+    def later(self) -> AnswerLater:
+        """The message being answered is answered when ready, on this connection if it is still open."""
+        self.deferred = True
+        return self._send_later
+
+    def _send_later(self, out: bytes) -> None:
+        if self.ended is None and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_LENGTH.pack(len(out)) + out)
 
     def _settle(self) -> None:
         """After a batch: schedule the next one or read again, re-arm the deadline, or close at EOF."""

@@ -18,24 +18,21 @@ import collections
 import contextlib
 import logging
 import pickle
-import select
 import socket
-import struct
 import sys
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import dns.rcode
 
 from region_agent.base.gc_pause import freeze_survivors
 from region_agent.globaldns.acme.service import header_only
-from region_agent.globaldns.answer import Responder, ResponderLimits
+from region_agent.globaldns.answer import AnswerLater, Responder, ResponderLimits
 from region_agent.globaldns.compiler import CompileReport, _compile_infrastructure
 from region_agent.globaldns.geoip.proximity import GeoDatabase, ProximityMap, Site
 from region_agent.globaldns.metrics import DnsCounters
-from region_agent.globaldns.server import BindError, DnsServer, UdpListener
+from region_agent.globaldns.server import BindError, DnsServer
 from region_agent.globaldns.service import rate_limiter, tcp_limits
 from region_agent.globaldns.settings import DnsSettings
 from region_agent.globaldns.tables import IPAddress, Node, ZoneHolder, ZoneTables, negative_reply_factory
@@ -44,7 +41,6 @@ from region_agent.globaldns.workers import (
     FORWARDS_IN_FLIGHT,
     FRAME,
     STATS_INTERVAL,
-    TCP_FORWARD_TIMEOUT,
     forward_budget,
     frame,
     read_frame,
@@ -76,7 +72,7 @@ class _Unpickler(pickle.Unpickler):
         return self.locators.get(pid[1])
 
 
-Reply = Callable[[bytes | None], None]
+Reply = AnswerLater
 
 
 class TokenBucket:
@@ -148,54 +144,17 @@ class ForwardTable:
         return next(iter(self.pending.values()))[0] if self.pending else None
 
 
-def udp_origin() -> tuple[socket.socket, tuple[Any, ...]] | None:
-    """The listening socket and the client's address (with its port) of the UDP query being answered now.
-
-    :class:`UdpListener` answers synchronously (the responder returns the bytes it sends) and tells the
-    responder only the source's text address; an answer sent later needs the port too. It is in the
-    listener's frame that called the responder (``self`` a :class:`UdpListener`): its receive slot
-    ``i``'s address (recvmmsg) or ``addr`` (recvfrom). Looked up only for a forward: nothing per query.
-    None when it is not found (a changed ``server.py``): the caller then waits for the answer, as TCP.
-    """
-    frame: FrameType | None = sys._getframe(1)
-    for _depth in range(10):
-        if frame is None:
-            return None
-        local = frame.f_locals
-        listener = local.get("self")
-        if isinstance(listener, UdpListener):
-            addr, i, mmsg = local.get("addr"), local.get("i"), listener.mmsg
-            if isinstance(addr, tuple):
-                return listener.sock, addr
-            if mmsg is not None and isinstance(i, int):
-                return listener.sock, sockaddr(bytes(mmsg.names_view[i * mmsg.namelen:(i + 1) * mmsg.namelen]))
-            return None
-        frame = frame.f_back
-    return None
-
-
-def sockaddr(raw: bytes) -> tuple[Any, ...]:
-    """A ``sockaddr_in`` or ``sockaddr_in6`` (as recvmmsg writes it) as ``sendto`` takes it."""
-    (port,) = _PORT.unpack_from(raw, 2)
-    if len(raw) < 28:
-        return socket.inet_ntop(socket.AF_INET, raw[4:8]), port
-    flowinfo, scope = struct.unpack_from("!I", raw, 4)[0], struct.unpack_from("=I", raw, 24)[0]
-    return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port, flowinfo, scope
-
-
-_PORT = struct.Struct("!H")
 
 
 class Forwarder:
     """UPDATEs and signed queries to the main process, within a budget, without holding the worker.
 
-    UDP: the forward is written to the main process and the query gets no answer now; the main
-    process's answer comes back with the forward's token and is sent then, from the listening
-    socket to the client's address. At most ``FORWARDS_IN_FLIGHT`` wait (one more gets SERVFAIL at
-    once); one not answered within ``FORWARD_TIMEOUT`` is dropped (the client retries). Counted in
-    ``table.stats``. TCP: ``TcpProtocol`` writes the responder's answers in order and ends the
-    connection at a None, so a TCP forward still waits, at most ``TCP_FORWARD_TIMEOUT``, for its
-    answer (the answers to UDP forwards that arrive meanwhile are sent).
+    The forward is written to the main process and the query gets no answer now: the listener's
+    ``later`` (``answer.UpdateHandler``) says where its answer goes, which is sent when the main
+    process's answer comes back with the forward's token (UDP: from the listening socket to the
+    client's address; TCP: on its connection, out of order). At most ``FORWARDS_IN_FLIGHT`` wait
+    (one more gets SERVFAIL at once); one not answered within ``FORWARD_TIMEOUT`` is dropped (the
+    client retries). Counted in ``table.stats``.
     """
 
     def __init__(self, sock: socket.socket, per_second: float, burst: float) -> None:
@@ -208,52 +167,23 @@ class Forwarder:
         self.outbox = bytearray()
         self.timer: asyncio.TimerHandle | None = None
         self.errors = 0   # reads, writes or reply callbacks that raised (logged)
-        self.udp_waits = 0   # UDP forwards that waited: their client's address was not found (logged once)
         self.closed = False
         self.loop.add_reader(sock.fileno(), self._readable)
 
-    def __call__(self, data: bytes, source: str | None, *, tcp: bool = False, our_payload: int = 1232) -> bytes | None:
+    def __call__(self, data: bytes, source: str | None, *, tcp: bool = False, our_payload: int = 1232,
+                 later: Callable[[], AnswerLater] | None = None) -> bytes | None:
         now = time.monotonic()
         if self.closed or not self.budget.take(now):
             return header_only(data, dns.rcode.REFUSED)
+        if later is None:  # a caller that takes no late answer: nothing here may wait for the main process
+            return header_only(data, dns.rcode.SERVFAIL)
         data = bytes(data)  # it may be a view of the listener's buffer, reused by the next datagram
-        origin = None if tcp else udp_origin()
-        if origin is None:
-            if not tcp and not self.udp_waits:
-                logger.warning("a UDP UPDATE's client address was not found in the listener (server.py changed?): "
-                               "UDP forwards wait for their answer, as TCP's")
-            self.udp_waits += 0 if tcp else 1
-            return self._wait((data, source, tcp, our_payload), now)
-        sock, addr = origin
-        token = self.table.begin(lambda out: _send_udp(sock, addr, out), now)
+        token = self.table.begin(later(), now)
         if token is None:
             return header_only(data, dns.rcode.SERVFAIL)
         self._write(frame((token, data, source, tcp, our_payload)))
         self._arm()
         return None
-
-    def _wait(self, request: tuple[bytes, str | None, bool, int], now: float) -> bytes | None:
-        """Forward and wait for the answer, at most ``TCP_FORWARD_TIMEOUT`` (TCP; UDP without its origin)."""
-        got: list[bytes | None] = []
-        token = self.table.begin(got.append, now)
-        if token is None:
-            return header_only(request[0], dns.rcode.SERVFAIL)
-        self._write(frame((token, *request)))
-        deadline = now + TCP_FORWARD_TIMEOUT
-        poller = select.poll()
-        while not got and not self.closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.table.drop(token)
-                self._timed_out(1)
-                return None
-            poller.register(self.sock, select.POLLIN | (select.POLLOUT if self.outbox else 0))
-            for _fd, events in poller.poll(max(1, int(left * 1000))):
-                if events & select.POLLOUT:
-                    self._writable()
-                if events & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                    self._readable()
-        return got[0] if got else None
 
     def _write(self, data: bytes) -> None:
         if self.closed:
@@ -302,7 +232,7 @@ class Forwarder:
                 token, out = pickle.loads(bytes(inbox[4:4 + length]))
                 del inbox[:4 + length]
                 reply = self.table.complete(token, out)
-                if reply is not None:
+                if reply is not None and out is not None:  # None: the main process sends nothing
                     reply(out)
         except Exception as error:  # a bug costs the forwards in flight, never the worker: logged, counted
             self.errors += 1
@@ -338,15 +268,6 @@ class Forwarder:
             self.loop.remove_writer(self.sock.fileno())
         self.table.stats["timeout"] += len(self.table.pending)
         self.table.pending.clear()
-
-
-def _send_udp(sock: socket.socket, addr: tuple[Any, ...], out: bytes | None) -> None:
-    if out is None or sock.fileno() < 0:
-        return  # nothing to send, or the listener closed (stopping)
-    try:
-        sock.sendto(out, addr)
-    except OSError as error:  # a full send buffer, an unroutable source: this answer is lost, as UDP may
-        logger.debug("UDP send error to %s: %s", addr[0], error)
 
 
 class Worker:

@@ -35,10 +35,9 @@ process's answer comes back with the token and is sent then (``worker_main.Forwa
 the listening socket to the client's address and port; at most ``FORWARDS_IN_FLIGHT`` wait per worker
 (one more gets SERVFAIL at once), and one the main process has not answered within
 ``FORWARD_TIMEOUT`` is dropped (the client retries), counted by reason in
-``region_agent_dns_worker_forward_drops_total``. TCP: ``server.TcpProtocol`` writes each answer in
-order when the responder returns it and ends the connection at a None, so a TCP forward still holds
-its worker until the answer comes, at most ``TCP_FORWARD_TIMEOUT`` (0.5 s; the connection then ends);
-answering it later needs a deferred answer in ``server.py``. Forwards are rare (a handful per
+``region_agent_dns_worker_forward_drops_total``. TCP: the same, with the answer written
+on its connection when it comes (``server.TcpProtocol.later``: RFC 7766 lets answers on one connection
+come out of order), so no forward holds the worker. Forwards are rare (a handful per
 certificate) and charged to a per-worker budget before they are sent, so junk UPDATEs cost a worker a
 12-byte REFUSED, not a round trip. That budget is one process's divided by N (``forward_budget``:
 ``acme.updates_per_second`` / N a second, a burst of 2 × that / N, at least 1), so all the workers
@@ -93,9 +92,8 @@ FRAME = struct.Struct("!I")
 CHUNK_NODES = 500           # nodes per pickled message (~3 ms to pickle)
 SLICE_SECONDS = 0.005       # the encoder yields to the loop this often
 LAG_SECONDS = 5.0           # a worker this long behind the newest tables is a problem
-FORWARD_TIMEOUT = 2.0       # a UDP forward not answered by the main process this long after is dropped
-TCP_FORWARD_TIMEOUT = 0.5   # a TCP forward holds its worker this long at most (see UPDATE above)
-FORWARDS_IN_FLIGHT = 16     # UDP forwards one worker has waiting for the main process's answer
+FORWARD_TIMEOUT = 2.0       # a forward not answered by the main process this long after is dropped
+FORWARDS_IN_FLIGHT = 16     # forwards one worker has waiting for the main process's answer
 START_TIMEOUT = 60.0        # a worker's first snapshot applied and its sockets bound
 RESTART_BACKOFF = (0.2, 30.0)
 STABLE_SECONDS = 60.0

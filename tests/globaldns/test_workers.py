@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import pickle
 import signal
@@ -26,15 +27,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
+from region_agent.globaldns import server as server_module
 from region_agent.globaldns import service as zone_service
 from region_agent.globaldns.acme.service import header_only
 from region_agent.globaldns.answer import Responder
 from region_agent.globaldns.metrics import DnsCounters
-from region_agent.globaldns.server import DnsServer
+from region_agent.globaldns.server import DnsServer, UdpListener, udp_socket
 from region_agent.globaldns.service import ZoneService
 from region_agent.globaldns.settings import DnsSettings
 from region_agent.globaldns.tables import ZoneHolder, ZoneTables
-from region_agent.globaldns.worker_main import Forwarder, ForwardTable, Worker, sockaddr
+from region_agent.globaldns.worker_main import Forwarder, ForwardTable, Worker
 from region_agent.globaldns.workers import FRAME, DnsWorkers, Slot, forward_budget, frame
 from region_agent.state.hlc import HybridClock
 from region_agent.state.model import CopyHealth, Project, Region, copy_key, project_key, region_key
@@ -190,12 +192,51 @@ def test_the_forward_table_bounds_what_is_in_flight_and_drops_what_times_out() -
     assert dict(table.stats) == {"forwarded": 2, "busy": 1, "timeout": 1, "late": 1, "answered": 1}
 
 
-def test_a_sockaddr_from_recvmmsg_is_what_sendto_takes() -> None:
-    v4 = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 5353) + socket.inet_pton(socket.AF_INET, "192.0.2.9")
-    assert sockaddr(v4 + bytes(8)) == ("192.0.2.9", 5353)
-    v6 = (struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", 53000, 7)
-          + socket.inet_pton(socket.AF_INET6, "fe80::1") + struct.pack("=I", 2))
-    assert sockaddr(v6) == ("fe80::1", 53000, 7, 2)
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+async def test_a_receive_slots_address_is_the_senders_as_sendto_takes_it(host: str) -> None:
+    """What ``UdpListener.later`` sends to: the datagram's sender, port included, for either family."""
+    listener = UdpListener(udp_socket(host, 0), Responder(ZoneHolder(), DnsCounters()))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        if listener.mmsg is None:
+            pytest.skip("no recvmmsg here")
+        asyncio.get_running_loop().remove_reader(listener.fd)  # read by hand below
+        senders = [socket.socket(family, socket.SOCK_DGRAM) for _ in range(3)]
+        for sender in senders:
+            sender.bind((host, 0))
+            sender.sendto(b"x" * 12, listener.sock.getsockname())
+        count = 0
+        deadline = time.monotonic() + 2
+        while count < 3 and time.monotonic() < deadline:
+            count += max(0, listener_recv(listener, count))
+        assert count == 3
+        got = [listener.mmsg.address(i)[:2] for i in range(3)]
+        assert sorted(got) == sorted(s.getsockname()[:2] for s in senders)
+        for sender in senders:
+            sender.close()
+    finally:
+        listener.close()
+
+
+def listener_recv(listener: UdpListener, start: int) -> int:
+    """One recvmmsg into the listener's slots from ``start`` on (the test reads them itself)."""
+    assert listener.mmsg is not None and server_module._MMSG is not None
+    slots = ctypes.addressof(listener.mmsg.recv) + start * server_module._HDR
+    return int(server_module._MMSG[0](listener.fd, slots, 3 - start, 0x40, None))
+
+
+async def test_a_forward_without_a_way_to_answer_later_is_servfail_at_once() -> None:
+    ours, main_end = socket.socketpair()
+    forwarder = Forwarder(ours, per_second=100, burst=100)
+    try:
+        update = _update_wire()
+        out = forwarder(update, "127.0.0.1", tcp=False)
+        assert out is not None and out[:2] == update[:2] and out[3] & 0x0F == dns.rcode.SERVFAIL
+        assert forwarder.table.stats["forwarded"] == 0
+    finally:
+        forwarder._close(None)
+        ours.close()
+        main_end.close()
 
 
 @pytest.fixture
@@ -244,7 +285,7 @@ async def test_a_udp_forward_is_answered_when_the_main_process_answers_and_dropp
         main_end.sendall(frame((token, _answer_header(data))))       # the main process answers the UPDATE
         answer = await asyncio.wait_for(loop.sock_recv(client, 4096), 2)
         assert answer[:2] == update[:2] and answer[2] & 0x80         # its ID, a response, to the same port
-        assert forwarder.table.stats["answered"] == 1 and forwarder.udp_waits == 0  # it did not wait
+        assert forwarder.table.stats["answered"] == 1
 
         forwarder.table.timeout = 0.05                               # one the main process never answers
         await loop.sock_sendto(client, update, ("127.0.0.1", port))
@@ -261,6 +302,33 @@ async def test_a_udp_forward_is_answered_when_the_main_process_answers_and_dropp
         assert busy[3] & 0x0F == dns.rcode.SERVFAIL and forwarder.table.stats["busy"] == 1
     finally:
         client.close()
+
+
+async def test_a_tcp_forward_is_answered_on_its_connection_after_the_queries_behind_it(
+        forwarding: tuple[DnsServer, Forwarder, socket.socket]) -> None:
+    """RFC 7766 §6.2.1.1: the UPDATE's answer may come after the answers to queries sent after it."""
+    server, forwarder, main_end = forwarding
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.bound[0][1])
+    try:
+        update = _update_wire()
+        query = dns.message.make_query(f"shop.{ZONE}", "A")
+        writer.write(struct.pack("!H", len(update)) + update)
+        token, data = await asyncio.to_thread(_forwarded, main_end)
+        wire = query.to_wire()
+        writer.write(struct.pack("!H", len(wire)) + wire)
+        (length,) = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), 2))
+        first = dns.message.from_wire(await reader.readexactly(length))
+        assert first.id == query.id and first.answer          # the query behind the UPDATE, first
+        main_end.sendall(frame((token, _answer_header(data))))
+        (length,) = struct.unpack("!H", await asyncio.wait_for(reader.readexactly(2), 2))
+        second = await reader.readexactly(length)
+        assert second[:2] == update[:2] and second[2] & 0x80  # then the UPDATE's, on the same connection
+        assert forwarder.table.stats["answered"] == 1
+        assert server.responder.counters.tcp_closed["bad_message"] == 0
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
 
 
 async def test_a_worker_answers_queries_while_its_forward_waits_for_the_main_process() -> None:

@@ -104,8 +104,9 @@ class AcmeUpdates:
         self.metrics.challenges.set_function(lambda: sum(len(v) for v in store.challenges.values()))
 
     def handle(self, data: bytes, source: str | None, *, tcp: bool = False,
-               our_payload: int = DEFAULT_PAYLOAD) -> bytes | None:
-        """The response to an UPDATE, or to a TSIG-signed QUERY (None: not worth an answer).
+               our_payload: int = DEFAULT_PAYLOAD, later: object = None) -> bytes | None:
+        """The response to an UPDATE, or to a TSIG-signed QUERY (None: not worth an answer); always at
+        once, so ``later`` (``answer.UpdateHandler``) is not used.
 
         Cheap checks first: a message that names no key of ours is charged to the unverified
         budget before it is parsed. Only a verified, fresh message reaches the key and source
