@@ -233,52 +233,48 @@ class Responder:
             self.counters.observe(time.perf_counter() - started)
         return out
 
-    def udp_hit(self, data: bytes) -> bytes | None:
-        """A UDP query's response from the memo, or None: then :meth:`udp_miss` answers it.
+    def udp_hitter(self) -> Callable[[bytes], bytes | None] | None:
+        """For one batch of UDP datagrams: a function answering a query from the memo, or returning
+        None (then :meth:`udp_miss` answers it); None when no query can be a hit now.
 
         What ``respond`` does for a memo hit, minus what a UDP listener knows it need not: no rate
-        limiter (with one, every query goes through ``udp_miss``), no source address (which only
-        the limiter and the miss path read), so the listener converts an address only on a miss.
+        limiter (with one, every query goes through ``udp_miss``), no source address (only the
+        limiter and the miss path read it), no latency sample (the listener times the batch), and
+        the tables, the memo and the counters looked up once per batch. A batch is answered in one
+        go, so the tables can not change under it.
         """
         tables = self.holder.tables
-        if tables is None or self.rrl is not None or not self._memo_on:
+        if tables is None or self.rrl is not None or not self._memo_on or tables.response_memo is None:
             return None
         memo = tables.response_memo
-        if memo is None:
-            return None
-        end = data.find(0, 12)
-        if end <= 0:
-            return None
-        queries = self._queries + 1  # kept only for a hit: a miss is counted by udp_miss
-        started = 0.0 if queries & self._sample_mask else time.perf_counter()
-        key = data[2:end].lower() + data[end:]
-        entry = memo.main.get(key) or memo.promote(key)
-        if entry is None:
-            return None
-        self._queries = queries
-        entry.hot = True
+        main_get, promote = memo.main.get, memo.promote
         counters = self.counters
-        counters.memo_hits += 1
-        counters.answers[entry.counted] += 1
-        response = b"".join((data[:2], entry.head, data[12:entry.qend], entry.tail))
-        if started:
-            counters.observe(time.perf_counter() - started)
-        return response
+        answers = counters.answers
+
+        def hit(data: bytes) -> bytes | None:
+            end = data.find(0, 12)
+            if end <= 0:
+                return None
+            key = data[2:end].lower() + data[end:]  # memo_key and the splice below, inlined: the hot path
+            entry = main_get(key) or promote(key)
+            if entry is None:
+                return None
+            entry.hot = True
+            counters.memo_hits += 1
+            answers[entry.counted] += 1
+            return b"".join((data[:2], entry.head, data[12:entry.qend], entry.tail))
+
+        return hit
 
     def udp_miss(self, data: bytes, source: str | None, later: Callable[[], AnswerLater] | None = None) -> bytes | None:
-        """``respond`` for a UDP query :meth:`udp_hit` did not answer (it looks at the memo again
-        only when there is a rate limiter, which ``udp_hit`` leaves to this path)."""
+        """``respond`` for a UDP query the hitter (:meth:`udp_hitter`) did not answer, untimed (the
+        listener times the batch); it looks at the memo only when there is a rate limiter."""
         if self.rrl is not None:
             return self.respond(data, source, tcp=False, later=later)
-        self._queries = queries = self._queries + 1
-        started = 0.0 if queries & self._sample_mask else time.perf_counter()
         tables = self.holder.tables
         if tables is None:
             return self._unready(data, tcp=False)
-        out = self._respond(data, source, False, tables, later)
-        if started:
-            self.counters.observe(time.perf_counter() - started)
-        return out
+        return self._respond(data, source, False, tables, later)
 
     def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables,
                  later: Callable[[], AnswerLater] | None = None) -> bytes | None:
@@ -320,9 +316,9 @@ class Responder:
                 return render(query, reply, max_size=0, our_payload=self.limits.our_payload)
         our_payload = self.limits.our_payload
         edns = query.edns
-        # max_response_size, inlined: the miss path
-        max_size = TCP_MAX if tcp else MIN_UDP_PAYLOAD if edns is None else max(MIN_UDP_PAYLOAD,
-                                                                                 min(edns.payload, our_payload))
+        # max_response_size, inlined: the miss path (an Edns payload is at least MIN_UDP_PAYLOAD)
+        max_size = (TCP_MAX if tcp else MIN_UDP_PAYLOAD if edns is None
+                    else edns.payload if edns.payload < our_payload else max(our_payload, MIN_UDP_PAYLOAD))
         out = render(query, reply, max_size=max_size, our_payload=our_payload)
         capacity = self.limits.memo_entries
         if capacity and rcode in MEMOISED_RCODES and not reply.client_dependent and memoisable(data):

@@ -42,6 +42,7 @@ import os
 import socket
 import struct
 import sys
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, cast
@@ -214,12 +215,18 @@ class _Mmsg:
         return text
 
 
+def _no_hit(data: bytes) -> None:
+    """The hitter while no query can be a memo hit (``Responder.udp_hitter``)."""
+    return None
+
+
 class UdpListener:
     """Answers one UDP socket from the loop's readiness callback (no transport, see the module doc)."""
 
     def __init__(self, sock: socket.socket, responder: Responder) -> None:
         self.sock = sock
-        self.hit, self.miss = responder.udp_hit, responder.udp_miss
+        self.responder = responder
+        self.miss = responder.udp_miss
         self.answering: int | tuple[Any, ...] = -1  # the datagram on the miss path: its receive slot, or its address
         self.loop = asyncio.get_running_loop()
         self.fd = sock.fileno()
@@ -246,12 +253,14 @@ class UdpListener:
     def _answer_batch(self, count: int) -> int:
         """Answer receive slots ``0..count-1`` into the send slots; how many answers are there to send.
 
-        Per datagram: its bytes (one slice of the mapped buffers), the memo (``udp_hit``), and only
+        Per datagram: its bytes (one slice of the mapped buffers), the memo (``udp_hitter``), and only
         on a miss the sender's address as text and the whole answer path (``udp_miss``).
         """
         mmsg = self.mmsg
         assert mmsg is not None
-        hit, miss, source, later = self.hit, self.miss, mmsg.source, self.later
+        started = time.perf_counter()
+        hit = self.responder.udp_hitter() or _no_hit
+        miss, source, later = self.miss, mmsg.source, self.later
         buffers, names, iovecs, namelen = mmsg.buffers, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
         at, iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _SIZE_T.pack_into
         sending = start = 0
@@ -276,6 +285,7 @@ class UdpListener:
             at += _SLOT
             iov_len += _IOVEC
             sending += 1
+        self.responder.counters.observe((time.perf_counter() - started) / count)  # one sample per batch: its mean
         return sending
 
     def _send_batch(self, sending: int) -> None:
@@ -303,7 +313,8 @@ class UdpListener:
         """Without recvmmsg: recvfrom until EAGAIN (at most ``UDP_BATCH``), one sendto per answer."""
         recvfrom = self.sock.recvfrom
         sendto = self.sock.sendto
-        hit, miss, later = self.hit, self.miss, self.later
+        hit = self.responder.udp_hitter() or _no_hit
+        miss, later = self.miss, self.later
         for _ in range(UDP_BATCH):
             try:
                 data, addr = recvfrom(UDP_MAX_QUERY)
@@ -312,6 +323,7 @@ class UdpListener:
             except OSError as error:  # an error queued on the socket: reported once, then reading goes on
                 logger.debug("UDP receive error: %s", error)
                 continue
+            started = time.perf_counter()
             try:
                 out = hit(data)
                 if out is None:
@@ -320,6 +332,7 @@ class UdpListener:
             except Exception:  # a bug must cost one query, never the listener
                 logger.exception("error answering a UDP query")
                 continue
+            self.responder.counters.observe(time.perf_counter() - started)
             if out is not None:
                 try:
                     sendto(out, addr)

@@ -553,7 +553,8 @@ def _basis(tables: ZoneTables) -> tuple[object, dict[str, object]]:
 
 def _add(total: DnsCounters, part: DnsCounters) -> None:
     """Add ``part``'s counts into ``total`` (the counters of a worker that exited)."""
-    total.answers.update(part.answers)
+    for key, count in part.answers.items():
+        total.answers[key] += count
     total.malformed_reasons.update(part.malformed_reasons)
     total.latency_counts = [a + b for a, b in zip(total.latency_counts, part.latency_counts, strict=True)]
     total.latency_sum += part.latency_sum
