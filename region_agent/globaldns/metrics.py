@@ -31,6 +31,7 @@ class DnsCounters:
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.memo_hits = 0
+        self.answer_errors = 0  # queries whose answering raised (a bug): dropped, logged at most every 10 s
         self.rrl_actions = [0, 0, 0]  # indexed by region_agent.globaldns.rrl PASS, DROP, SLIP
         self.tcp_connections = 0
         self.tcp_open = 0
@@ -83,13 +84,17 @@ class DnsCollector(Collector):
         buckets.append(("+Inf", running))
         histogram = HistogramMetricFamily("region_agent_dns_answer_seconds",
                                           "Time from receiving a query to having its response, in the agent "
-                                          "(a sample: one query in 16 by default is timed)")
+                                          "(sampled: over UDP the mean of each batch read together, over TCP "
+                                          "one query in 16)")
         histogram.add_metric([], buckets, c.latency_sum)
         yield histogram
         yield GaugeMetricFamily("region_agent_dns_zone_serial", "Serial of the zone being answered", c.zone_serial)
         yield CounterMetricFamily("region_agent_dns_zone_reloads", "Zone compilations swapped in", c.zone_reloads)
         yield CounterMetricFamily("region_agent_dns_zone_errors",
                                   "Zone source errors (bad zone file, compile problems)", c.zone_errors)
+        yield CounterMetricFamily("region_agent_dns_answer_errors",
+                                  "Queries whose answering raised an error (a bug): not answered; the log has the "
+                                  "traceback, at most one line every 10 s", c.answer_errors)
         yield CounterMetricFamily("region_agent_dns_memo_hits",
                                   "Responses served from the memo of rendered responses", c.memo_hits)
         rrl = CounterMetricFamily("region_agent_dns_rrl_actions",

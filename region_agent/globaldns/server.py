@@ -49,6 +49,7 @@ from typing import Any, cast
 
 from region_agent.base.sockets import set_port_sharing, source_key
 from region_agent.globaldns.answer import AnswerLater, Responder
+from region_agent.globaldns.metrics import DnsCounters
 
 logger = logging.getLogger("region_agent.dns")
 _LENGTH = struct.Struct("!H")
@@ -215,6 +216,31 @@ class _Mmsg:
         return text
 
 
+ERROR_LOG_EVERY = 10.0  # seconds between two tracebacks of failing answers (a bug must not flood the log)
+
+
+class AnswerErrors:
+    """A query whose answering raised costs that query only: counted, and logged with its traceback
+    at most once every ``ERROR_LOG_EVERY`` seconds, with how many failed since the last line."""
+
+    def __init__(self) -> None:
+        self.logged_at = -ERROR_LOG_EVERY
+        self.unlogged = 0
+
+    def failed(self, counters: DnsCounters, transport: str) -> None:
+        counters.answer_errors += 1
+        now = time.monotonic()
+        if now - self.logged_at < ERROR_LOG_EVERY:
+            self.unlogged += 1
+            return
+        logger.exception("error answering a %s query (%d more failed since the last such line)", transport,
+                         self.unlogged)
+        self.logged_at, self.unlogged = now, 0
+
+
+ANSWER_ERRORS = AnswerErrors()  # one per process: the log is
+
+
 def _no_hit(data: bytes) -> None:
     """The hitter while no query can be a memo hit (``Responder.udp_hitter``)."""
     return None
@@ -273,7 +299,7 @@ class UdpListener:
                     self.answering = i
                     out = miss(data, source(i), later)
             except Exception:  # a bug must cost one query, never the listener
-                logger.exception("error answering a UDP query")
+                ANSWER_ERRORS.failed(self.responder.counters, "UDP")
                 continue
             if out is None:
                 continue
@@ -330,7 +356,7 @@ class UdpListener:
                     self.answering = addr
                     out = miss(data, addr[0], later)
             except Exception:  # a bug must cost one query, never the listener
-                logger.exception("error answering a UDP query")
+                ANSWER_ERRORS.failed(self.responder.counters, "UDP")
                 continue
             self.responder.counters.observe(time.perf_counter() - started)
             if out is not None:
@@ -463,7 +489,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
             try:
                 response = respond(message, self.peer, tcp=True, later=self.later)
             except Exception:
-                logger.exception("error answering a TCP query")
+                ANSWER_ERRORS.failed(self.server.responder.counters, "TCP")
                 response = None
             if response is None:
                 if self.deferred:  # it is answered when its answer is ready (out of order)

@@ -559,6 +559,7 @@ def _add(total: DnsCounters, part: DnsCounters) -> None:
     total.latency_counts = [a + b for a, b in zip(total.latency_counts, part.latency_counts, strict=True)]
     total.latency_sum += part.latency_sum
     total.memo_hits += part.memo_hits
+    total.answer_errors += part.answer_errors
     total.rrl_actions = [a + b for a, b in zip(total.rrl_actions, part.rrl_actions, strict=True)]
     total.tcp_connections += part.tcp_connections
     total.tcp_refused.update(part.tcp_refused)

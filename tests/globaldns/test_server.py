@@ -8,12 +8,14 @@ import socket
 from collections.abc import AsyncIterator
 
 import dns.edns
+import dns.exception
 import dns.flags
 import dns.message
 import dns.rcode
 import dns.rrset
 import pytest
 
+from region_agent.globaldns import server as server_module
 from region_agent.globaldns.answer import Responder
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
 from region_agent.globaldns.metrics import DnsCounters
@@ -230,3 +232,59 @@ async def test_zone_transfers_are_refused(server: DnsServer, tcp: bool) -> None:
         response = await ask(_port(server), query, tcp=tcp)
         assert response.rcode() == dns.rcode.REFUSED, query.question
         assert response.edns == 0
+
+
+@pytest.fixture(params=["recvmmsg", "recvfrom"])
+async def either_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[DnsServer]:
+    """The server with the batched reader (Linux) and with the portable one (recvfrom until EAGAIN)."""
+    if request.param == "recvfrom":
+        monkeypatch.setattr(server_module, "_MMSG", None)
+    elif server_module._MMSG is None:
+        pytest.skip("no recvmmsg here")
+    srv = DnsServer(Responder(ZoneHolder(_tables()), DnsCounters()), [("127.0.0.1", 0)])  # type: ignore[arg-type]
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+async def test_both_udp_readers_answer_hits_misses_and_garbage_alike(either_reader: DnsServer) -> None:
+    port = _port(either_reader)
+    for name in (f"shop.{ZONE}", f"ShOp.{ZONE}", f"shop.{ZONE}", f"nothing.{ZONE}"):
+        response = await ask(port, name)
+        expected = dns.rcode.NXDOMAIN if name.startswith("nothing") else dns.rcode.NOERROR
+        assert response.rcode() == expected and response.question[0].name.to_text() == f"{name}."
+    counters = either_reader.responder.counters
+    assert counters.memo_hits >= 1  # the second and third asked the memo
+    formerr = await asyncio.to_thread(_raw_udp, port, b"\x12\x34" + bytes(10) + b"\xc0")  # a question cut short
+    assert formerr[:2] == b"\x12\x34" and formerr[3] & 0x0F == dns.rcode.FORMERR
+    assert sum(counters.latency_counts) >= 1  # the batches were timed
+
+
+def _raw_udp(port: int, data: bytes) -> bytes:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(2.0)
+        sock.sendto(data, ("127.0.0.1", port))
+        return sock.recv(4096)
+
+
+async def test_an_answer_that_raises_costs_that_query_only_and_is_logged_at_most_every_10_s(
+        either_reader: DnsServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    port = _port(either_reader)
+    responder = either_reader.responder
+    real = responder._respond
+
+    def failing(data: bytes, *args: object, **kwargs: object) -> bytes | None:
+        if b"boom" in data:
+            raise RuntimeError("a bug in the answer path")
+        return real(data, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(responder, "_respond", failing)
+    monkeypatch.setattr(server_module, "ANSWER_ERRORS", server_module.AnswerErrors())
+    caplog.set_level("ERROR", logger="region_agent.dns")
+    for _ in range(5):
+        with pytest.raises(dns.exception.Timeout):
+            await ask(port, f"boom.{ZONE}", timeout=0.2)
+    assert (await ask(port, f"shop.{ZONE}")).rcode() == dns.rcode.NOERROR  # the listener goes on
+    assert responder.counters.answer_errors == 5
+    lines = [r for r in caplog.records if "error answering a UDP query" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is not None  # one traceback, not five
