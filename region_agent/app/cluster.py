@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,7 @@ from region_agent.gossip.sync import AntiEntropy
 from region_agent.state.hlc import physical_ms
 from region_agent.state.model import Certificate, cert_key, writer_agent
 from region_agent.state.observations import Observations
-from region_agent.state.persist import HORIZON_MARGIN_SECONDS
+from region_agent.state.persist import HORIZON_MARGIN_SECONDS, SnapshotTimes, absence_at_start
 from region_agent.state.signatures import EntryVerifier
 from region_agent.state.store import Store
 
@@ -64,9 +65,10 @@ CLOCK_CHECK_SECONDS = 5.0
 
 class ClusterParts:
     def __init__(self, settings: AgentSettings, *, store: Store, observations: Observations,
-                 registry: CollectorRegistry, user_agent: str) -> None:
+                 registry: CollectorRegistry, user_agent: str, snapshot: SnapshotTimes | None = None) -> None:
         self.settings = settings
         self.store = store
+        self.snapshot = snapshot   # the times of the snapshot the store was loaded from; None: started empty
         self.observations = observations
         self.registry = registry
         self.user_agent = user_agent
@@ -126,6 +128,14 @@ class ClusterParts:
         self.pull_listeners: list[Callable[[bool], None]] = []
         max_offset = self.settings.cluster.max_clock_offset
         self.store.clock.max_drift_ms = int((3 * max_offset + 1) * 1000)
+        if self.snapshot is not None:
+            # The absence clock goes on from the snapshot's last fresh round, not from this start; a time
+            # ahead of this clock by more than what the store accepts from a peer is unknown (see there).
+            # Here, before the first await after the node started: no round has run yet.
+            away = absence_at_start(self.snapshot, time.time(), tolerance=self.store.clock.max_drift_ms / 1000)
+            logger.info("gossip: last fresh sync round %s", "unknown" if math.isinf(away)
+                        else f"{away / 86_400:.1f} days ago (from the state file)")
+            self.anti_entropy.restore_absence(away)
         self._clock_gauges()
         self._certificate_gauges()
         self.observer.listeners.append(self.answers.request)

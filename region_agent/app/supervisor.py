@@ -244,14 +244,19 @@ class Agent:
     async def _start_cluster(self) -> None:
         """Bind the gossip port; joining and syncing run in the background once every port is bound."""
         cluster = self.cluster = ClusterParts(self.settings, store=self.store, observations=self.observations,
-                                              registry=self.registry, user_agent=f"region-agent/{VERSION}")
+                                              registry=self.registry, user_agent=f"region-agent/{VERSION}",
+                                              snapshot=None if self.state_file is None else self.state_file.times)
         await cluster.start()
+        if self.state_file is not None:
+            self.state_file.fresh = cluster.anti_entropy.last_fresh_wall   # kept with every snapshot
         cluster.view_listeners.append(self.views.publish_soon)
         self.events.follow_cluster(cluster.answers, cluster.node.member_listeners)
         if self.dns.acme is not None:
             self.dns.acme.gate = cluster.writable   # an UPDATE from a skewed clock would be refused everywhere
         self.views.cluster = cluster
         cluster.pull_listeners.append(self._on_pull_only)
+        if cluster.rejoining():
+            self._on_pull_only(True)   # pull-only from the start (the snapshot's last fresh round is too old)
         self.problems_registry.register(cluster)
 
     async def _start_kube(self) -> None:

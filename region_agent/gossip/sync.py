@@ -35,7 +35,10 @@ own (what the peer lacks is dropped, not re-exported); meanwhile it answers a pe
 "busy", so nothing it holds leaves it. It is fresh again after one complete pull (Cassandra's
 ``gc_grace_seconds`` rule: a node away longer is rebuilt from the others). Two pull-only agents
 answer each other (every agent away that long, no one holds better state): the first to pull takes
-the other's.
+the other's. The absence clock survives a restart: the owner keeps :meth:`AntiEntropy.last_fresh_wall`
+with the store's snapshot and hands it back through :meth:`AntiEntropy.restore_absence` before any
+round, so an agent restarted after a month cut off is pull-only from its start (its first offer and
+its first answer included), not fresh because it just started.
 
 This module knows nothing of projects: entries are opaque bytes, digests opaque 16-byte strings,
 and the store sits behind :class:`Replica` (``region_agent.app.replication``), which validates and merges.
@@ -46,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -141,7 +145,7 @@ class AntiEntropy:
         self.counts: Callable[[], bool] = lambda: True   # whether a round completed now is fresh
         self.on_pull_only: Callable[[bool], None] = lambda _pulling: None
         self.pull_only = False
-        self.last_fresh = time.monotonic()
+        self.last_fresh = time.monotonic()   # -inf: unknown (restore_absence), as good as never
         self._dropped_in_pull = 0
 
     # --- driving ------------------------------------------------------------------------------
@@ -185,24 +189,47 @@ class AntiEntropy:
         if not self.pull_only and self.counts():
             self.last_fresh = time.monotonic()
 
+    def last_fresh_wall(self) -> float | None:
+        """The last fresh round as wall time, by this host's clock now (what a snapshot keeps); None: unknown."""
+        if not math.isfinite(self.last_fresh):
+            return None
+        return time.time() - (time.monotonic() - self.last_fresh)
+
+    def restore_absence(self, away: float) -> None:
+        """At start, before any round: the last fresh round was ``away`` seconds ago (``math.inf``: unknown),
+        as the snapshot tells; beyond ``absent_limit`` this agent is pull-only at once."""
+        self.last_fresh = time.monotonic() - away if math.isfinite(away) else -math.inf
+        if self.absent_limit is not None and away > self.absent_limit:
+            self._turn_pull_only(away)
+
     def _check_absence(self) -> None:
-        if self.absent_limit is None or self.pull_only:
+        if self.absent_limit is None:
             return
         if not self._peers():
-            # Nobody to pull from: alone with a majority (one region) it is the cluster, and fresh; without
-            # one it waits, and pulls when a peer comes back.
+            # Nobody to pull from: alone with a majority (one region) it is the cluster, and fresh (a restart
+            # that found itself pull-only too: there is no one whose deletes it could undo); without one it
+            # waits, and pulls when a peer comes back.
             if self.counts():
+                if self.pull_only:
+                    logger.warning("gossip: alone with a majority (the only region): no one to pull from, "
+                                   "fresh again")
+                    self._rejoined(0)
                 self.last_fresh = time.monotonic()
             return
         away = time.monotonic() - self.last_fresh
-        if away > self.absent_limit:
-            self.pull_only = True
-            self.stats.rounds["pull_only"] += 1
-            logger.warning("gossip: no fresh sync for %.0f s (limit %.0f s): rejoining pull-only, taking the peers' "
-                           "state and dropping what they lack; DNS and writes wait", away, self.absent_limit)
-            self.on_pull_only(True)
-            self._fanout_now = max(self._fanout_now, 1)
-            self._wake.set()
+        if not self.pull_only and away > self.absent_limit:
+            self._turn_pull_only(away)
+
+    def _turn_pull_only(self, away: float) -> None:
+        assert self.absent_limit is not None
+        self.pull_only = True
+        self.stats.rounds["pull_only"] += 1
+        logger.warning("gossip: no fresh sync for %s (limit %.0f s): rejoining pull-only, taking the peers' state "
+                       "and dropping what they lack; DNS and writes wait",
+                       f"{away:.0f} s" if math.isfinite(away) else "an unknown time", self.absent_limit)
+        self.on_pull_only(True)
+        self._fanout_now = max(self._fanout_now, 1)
+        self._wake.set()
 
     def _rejoined(self, dropped: int) -> None:
         self.pull_only = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import Counter
@@ -288,3 +289,63 @@ async def test_a_peer_that_never_synced_is_not_pulled_from_and_a_lone_agent_stay
     a.start_round(empty_addr)
     await wait_for(lambda: a.stats.rounds["deferred"] >= 1, timeout=5, message="the newcomer says busy")
     assert a.pull_only and len(a_store.projects) == 10 and empty.stats.entries_sent == 0
+
+
+# --- the absence clock across a restart (restore_absence: the snapshot's last fresh round) ---------------------
+
+def _pulling(node: AntiEntropy) -> bool:
+    """``pull_only`` read afresh (mypy would keep it narrowed across the calls that change it)."""
+    return node.pull_only
+
+
+async def test_a_restart_restored_as_away_beyond_the_limit_is_pull_only_before_any_round() -> None:
+    """The decision is made at start, from the snapshot's time, before the first offer or answer: a peer's
+    ordinary offer is answered busy at once (nothing of A's leaves it), and A's own offers are pulls."""
+    net = Net()
+    a_store, b_store, c_store, _ = _away_scene(40)
+    a, a_addr = _node(net, 1, a_store)
+    b, b_addr = _node(net, 2, b_store)
+    c, _ = _node(net, 3, c_store)
+    for peer in (b, c):
+        peer.synced.set()
+    told: list[bool] = []
+    a.on_pull_only = told.append
+    a.absent_limit = 29 * 86_400.0
+    a.counts = lambda: False   # no majority in sight yet (it has just started)
+    assert not a.pull_only
+    a.restore_absence(40 * 86_400.0)
+    assert told == [True] and _pulling(a) and a.stats.rounds["pull_only"] == 1
+    last = a.last_fresh_wall()
+    assert last is not None and abs(time.time() - 40 * 86_400 - last) < 5   # what the next snapshot keeps
+    a._check_absence()   # alone and no majority: it waits for a peer to pull from, still pull-only
+    assert _pulling(a) and told == [True]
+    c.start_round(a_addr)
+    await wait_for(lambda: c.stats.rounds["deferred"] == 1, timeout=5, message="busy")
+    assert "p00007" not in c_store.projects and a.stats.entries_sent == 0
+    a.start_round(b_addr)
+    await wait_for(lambda: not a.pull_only, timeout=5, message="pulled")
+    assert "p00007" not in a_store.projects and "p00007" not in b_store.projects and told == [True, False]
+    now = a.last_fresh_wall()
+    assert now is not None and abs(now - time.time()) < 5, "fresh again after the pull"
+
+
+def test_a_restart_restored_within_the_limit_keeps_its_clock_and_an_unknown_one_is_pull_only() -> None:
+    net = Net()
+    a, _ = _node(net, 1, _store("sfo1/a"))
+    told: list[bool] = []
+    a.on_pull_only = told.append
+    a.absent_limit = 29 * 86_400.0
+    a.restore_absence(3 * 86_400.0)
+    assert not a.pull_only and told == []
+    last = a.last_fresh_wall()
+    assert last is not None and abs(time.time() - 3 * 86_400 - last) < 5, "not reset to the start"
+    b, _ = _node(net, 2, _store("sfo1/b"))
+    b.absent_limit = 29 * 86_400.0
+    b.on_pull_only = told.append
+    b.restore_absence(math.inf)   # the snapshot could not tell (a wall clock that went back)
+    assert _pulling(b) and told == [True] and b.last_fresh_wall() is None
+    # Alone with a majority (the only region) there is no one to pull from and no one's deletes to undo.
+    b._check_absence()
+    assert not _pulling(b) and told == [True, False]
+    fresh = b.last_fresh_wall()
+    assert fresh is not None and abs(fresh - time.time()) < 5
