@@ -52,10 +52,20 @@ SERVFAIL_REPLY = Reply(SERVFAIL, aa=False)
 ZONE_TRANSFERS = (AXFR, IXFR)
 
 
-def client_address(query: Query, source: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+Source = str | Callable[[], str] | None
+"""The query's sender address as text, or how to get it: the UDP listener hands a function, so the
+address is converted only when something reads it (a proximity answer, the rate limiter, an UPDATE)."""
+
+
+def source_text(source: Source) -> str | None:
+    return source() if callable(source) else source
+
+
+def client_address(query: Query, source: Source) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """Whom the answer is for: the EDNS Client Subnet if present, else the packet's source."""
     if query.edns is not None and query.edns.client_subnet is not None:
         return query.edns.client_subnet.ip  # None when the client asked that no address be used
+    source = source_text(source)
     if source is None:
         return None
     address = ipaddress.ip_address(source.partition("%")[0])
@@ -64,7 +74,7 @@ def client_address(query: Query, source: str | None) -> ipaddress.IPv4Address | 
     return address
 
 
-def answer(tables: ZoneTables, query: Query, source: str | None = None) -> Reply:
+def answer(tables: ZoneTables, query: Query, source: Source = None) -> Reply:
     """Decide the reply to a parsed query from the compiled tables."""
     if query.edns is not None and query.edns.version != 0:
         return BADVERS_REPLY
@@ -266,32 +276,36 @@ class Responder:
 
         return hit
 
-    def udp_miss(self, data: bytes, source: str | None, later: Callable[[], AnswerLater] | None = None) -> bytes | None:
+    def udp_miss(self, data: bytes, source: Source, later: Callable[[], AnswerLater] | None = None) -> bytes | None:
         """``respond`` for a UDP query the hitter (:meth:`udp_hitter`) did not answer, untimed (the
         listener times the batch); it looks at the memo only when there is a rate limiter."""
         if self.rrl is not None:
-            return self.respond(data, source, tcp=False, later=later)
+            return self.respond(data, source_text(source), tcp=False, later=later)
         tables = self.holder.tables
         if tables is None:
             return self._unready(data, tcp=False)
         return self._respond(data, source, False, tables, later)
 
-    def _respond(self, data: bytes, source: str | None, tcp: bool, tables: ZoneTables,
+    def _respond(self, data: bytes, source: Source, tcp: bool, tables: ZoneTables,
                  later: Callable[[], AnswerLater] | None = None) -> bytes | None:
         """Everything but a memo hit: parse, answer, rate-limit, render, maybe memoise."""
+        if self.rrl is not None or self.updates is not None:
+            source = source_text(source)  # they read it, so it is converted now
         if self.updates is not None and len(data) > 2 and data[2] & 0x78 == 0x28:  # opcode 5: UPDATE
-            return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload, later=later)
+            return self.updates(data, source_text(source), tcp=tcp, our_payload=self.limits.our_payload,
+                                later=later)
         try:
             query = parse_query(data, tables.nodes)
         except MessageError as error:
             if error.rcode == NOTAUTH and self.updates is not None:  # the parser's answer to a TSIG-signed query
-                return self.updates(data, source, tcp=tcp, our_payload=self.limits.our_payload, later=later)
+                return self.updates(data, source_text(source), tcp=tcp, our_payload=self.limits.our_payload,
+                                    later=later)
             self.counters.malformed(error.reason)
             out = error_response(error, our_payload=self.limits.our_payload)
             if out is None:
                 return None
-            if self.rrl is not None and not tcp and source is not None:
-                action = self.rrl.check(source, ERROR)
+            if self.rrl is not None and not tcp and (text := source_text(source)) is not None:
+                action = self.rrl.check(text, ERROR)
                 self.counters.rrl_actions[action] += 1
                 if action == DROP:
                     return None
@@ -301,13 +315,13 @@ class Responder:
             return out
         reply = answer(tables, query, source)
         rcode = reply.rcode
-        if self.rrl is not None and not tcp and source is not None:
+        if self.rrl is not None and not tcp and (text := source_text(source)) is not None:
             if rcode == NOERROR:
-                action = self.rrl.check(source, RESPONSE, query.qname_lower, query.qtype)
+                action = self.rrl.check(text, RESPONSE, query.qname_lower, query.qtype)
             elif rcode == NXDOMAIN:
-                action = self.rrl.check(source, RRL_NXDOMAIN, tables.apex)
+                action = self.rrl.check(text, RRL_NXDOMAIN, tables.apex)
             else:
-                action = self.rrl.check(source, ERROR)
+                action = self.rrl.check(text, ERROR)
             self.counters.rrl_actions[action] += 1
             if action == DROP:
                 return None

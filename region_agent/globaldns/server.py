@@ -280,13 +280,14 @@ class UdpListener:
         """Answer receive slots ``0..count-1`` into the send slots; how many answers are there to send.
 
         Per datagram: its bytes (one slice of the mapped buffers), the memo (``udp_hitter``), and only
-        on a miss the sender's address as text and the whole answer path (``udp_miss``).
+        on a miss the whole answer path (``udp_miss``), which converts the sender's address to text
+        only if it reads it (``answer.Source``).
         """
         mmsg = self.mmsg
         assert mmsg is not None
         started = time.perf_counter()
         hit = self.responder.udp_hitter() or _no_hit
-        miss, source, later = self.miss, mmsg.source, self.later
+        miss, source, later = self.miss, self.answering_source, self.later
         buffers, names, iovecs, namelen = mmsg.buffers, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
         at, iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _SIZE_T.pack_into
         sending = start = 0
@@ -297,7 +298,7 @@ class UdpListener:
                 out = hit(data)
                 if out is None:
                     self.answering = i
-                    out = miss(data, source(i), later)
+                    out = miss(data, source, later)
             except Exception:  # a bug must cost one query, never the listener
                 ANSWER_ERRORS.failed(self.responder.counters, "UDP")
                 continue
@@ -364,6 +365,14 @@ class UdpListener:
                     sendto(out, addr)
                 except OSError as error:  # a full send buffer, an unroutable source: this answer is lost
                     logger.debug("UDP send error to %s: %s", addr[0], error)
+
+    def answering_source(self) -> str:
+        """The text address of the datagram on the miss path (``answer.Source``: converted when read)."""
+        answering = self.answering
+        if isinstance(answering, tuple):
+            return str(answering[0])
+        assert self.mmsg is not None
+        return self.mmsg.source(answering)
 
     def later(self) -> AnswerLater:
         """Where to send the answer to the datagram on the miss path, when it is ready (``AnswerLater``)."""
