@@ -24,7 +24,7 @@ from region_agent.globaldns.tables import ZoneHolder
 from region_agent.state.model import CopyHealth, Mode, Project, Region
 from tests.conftest import wait_for
 from tests.fakes.dns_client import ask, ask_with_fallback, frame, make_query, query_wire, read_message
-from tests.globaldns.zones import ALL, ZONE, ha, store_with, up
+from tests.globaldns.zones import ALL, ZONE, PrefixLocator, ha, proximity, store_with, tables_for, up
 
 
 def _tables() -> object:
@@ -288,3 +288,28 @@ async def test_an_answer_that_raises_costs_that_query_only_and_is_logged_at_most
     assert responder.counters.answer_errors == 5
     lines = [r for r in caplog.records if "error answering a UDP query" in r.getMessage()]
     assert len(lines) == 1 and lines[0].exc_info is not None  # one traceback, not five
+
+
+@pytest.mark.parametrize("reader", ["recvmmsg", "recvfrom"])
+async def test_a_proximity_answer_over_udp_reads_the_senders_address(reader: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener converts the sender's address only when read (answer.Source): a proximity name
+    without ECS is answered for the datagram's own source, one with ECS for the subnet."""
+    if reader == "recvfrom":
+        monkeypatch.setattr(server_module, "_MMSG", None)
+    elif server_module._MMSG is None:
+        pytest.skip("no recvmmsg here")
+    locator = PrefixLocator({"127.0.0.0/8": (["ams1", "sfo1", "nrt1"], 8),
+                             "203.0.113.0/24": (["nrt1", "sfo1", "ams1"], 24)})
+    tables = tables_for([proximity("blog")], {"blog": up(*ALL)}, locator=locator)
+    srv = DnsServer(Responder(ZoneHolder(tables), DnsCounters()), [("127.0.0.1", 0)])
+    await srv.start()
+    try:
+        for ecs, expected in ((None, {"192.0.2.12"}), (("203.0.113.0", 24), {"192.0.2.13"}), (None, {"192.0.2.12"})):
+            options: list[dns.edns.Option] = [] if ecs is None else [dns.edns.ECSOption(*ecs)]
+            query = dns.message.make_query(f"blog.{ZONE}", "A", use_edns=0, options=options)
+            response = await ask(_port(srv), query)
+            assert {r.to_text() for r in response.answer[0]} == expected
+        assert locator.calls == 3
+    finally:
+        await srv.stop()
