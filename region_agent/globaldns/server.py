@@ -174,7 +174,6 @@ class _Mmsg:
         self.names_view = memoryview(self.names).cast("B")
         names = ctypes.addressof(self.names)
         self.iovecs = (_Iovec * (2 * n))()
-        self.iovecs_view = memoryview(self.iovecs).cast("B")
         self.recv = (_Mmsghdr * n)()
         self.send = (_Mmsghdr * n)()
         for i in range(2 * n):
@@ -188,7 +187,11 @@ class _Mmsg:
         self.send_data = n * _SLOT  # where the send slots' bytes and iovecs start
         # msg_len of every receive slot, in one list: a strided view of the headers as uint32
         self.lengths = memoryview(self.recv).cast("B").cast("I")[_LEN_AT // 4::_HDR // 4]
-        self.send_iov_len = n * ctypes.sizeof(_Iovec) + _Iovec.len.offset
+        # iov_len of every send slot's iovec, as size_t items: a strided view (one store per answer)
+        # (unsigned long is size_t on Linux, LP64 and ILP32 alike: the only place recvmmsg is used)
+        assert struct.calcsize("L") == _SIZE_T.size
+        self.send_lengths = (memoryview(self.iovecs).cast("B")[n * _IOVEC:].cast("L")
+                             [_Iovec.len.offset // _SIZE_T.size::_IOVEC // _SIZE_T.size])
         self.sources: dict[bytes, str] = {}  # address bytes → text, for Responder (bounded)
         self.keep = (base, names)  # the buffers stay exported (so mapped) while this lives
 
@@ -288,8 +291,8 @@ class UdpListener:
         started = time.perf_counter()
         hit = self.responder.udp_hitter() or _no_hit
         miss, source, later = self.miss, self.answering_source, self.later
-        buffers, names, iovecs, namelen = mmsg.buffers, mmsg.names_view, mmsg.iovecs_view, mmsg.namelen
-        at, iov_len, pack_len = mmsg.send_data, mmsg.send_iov_len, _SIZE_T.pack_into
+        buffers, names, namelen, send_lengths = mmsg.buffers, mmsg.names_view, mmsg.namelen, mmsg.send_lengths
+        at = mmsg.send_data
         sending = start = 0
         for i, length in enumerate(mmsg.lengths[:count].tolist()):
             data = buffers[start:start + length]
@@ -308,9 +311,8 @@ class UdpListener:
             buffers[at:at + size] = out  # at most 65,535 bytes: UDP's bound, within a slot
             if sending != i:  # an earlier one got no answer: this address moves down to its send slot
                 names[sending * namelen:(sending + 1) * namelen] = names[i * namelen:(i + 1) * namelen]
-            pack_len(iovecs, iov_len, size)
+            send_lengths[sending] = size
             at += _SLOT
-            iov_len += _IOVEC
             sending += 1
         self.responder.counters.observe((time.perf_counter() - started) / count)  # one sample per batch: its mean
         return sending

@@ -94,8 +94,9 @@ class TokenBucket:
 class ForwardTable:
     """Forwards waiting for the main process's answer: a token each, at most ``limit``, dropped after ``timeout``.
 
-    Pure (no sockets; the clock is passed in). Tokens grow and the timeout is one, so the pending
-    forwards are in deadline order. ``stats`` counts by outcome: ``forwarded``, ``answered``,
+    Pure (no sockets; the clock is passed in). At most ``limit`` (16) wait, so the earliest deadline
+    is found by looking at all of them (``timeout`` may change while some wait). ``stats`` counts by
+    outcome: ``forwarded``, ``answered``,
     ``timeout`` (dropped unanswered), ``busy`` (refused: ``limit`` in flight), ``late`` (an answer
     after its forward was dropped).
     """
@@ -132,16 +133,15 @@ class ForwardTable:
     def expire(self, now: float) -> int:
         """Drop the forwards whose deadline has passed; how many."""
         expired = 0
-        for token, (deadline, _reply) in list(self.pending.items()):
-            if deadline > now:
-                break
-            del self.pending[token]
-            expired += 1
+        for token, (deadline, _reply) in list(self.pending.items()):  # at most ``limit``
+            if deadline <= now:
+                del self.pending[token]
+                expired += 1
         self.stats["timeout"] += expired
         return expired
 
     def next_deadline(self) -> float | None:
-        return next(iter(self.pending.values()))[0] if self.pending else None
+        return min(deadline for deadline, _reply in self.pending.values()) if self.pending else None
 
 
 
@@ -166,6 +166,7 @@ class Forwarder:
         self.inbox = bytearray()
         self.outbox = bytearray()
         self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0  # the monotonic deadline the timer is for
         self.errors = 0   # reads, writes or reply callbacks that raised (logged)
         self.closed = False
         self.loop.add_reader(sock.fileno(), self._readable)
@@ -240,10 +241,14 @@ class Forwarder:
             self._close(error)
 
     def _arm(self) -> None:
-        """One timer, at the earliest deadline of the forwards in flight."""
+        """One timer, at the earliest deadline of the forwards in flight (moved earlier when need be)."""
         deadline = self.table.next_deadline()
-        if self.timer is None and deadline is not None:
-            self.timer = self.loop.call_later(max(0.0, deadline - time.monotonic()) + 0.002, self._expire)
+        if deadline is None or (self.timer is not None and self.timer_at <= deadline):
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = deadline
+        self.timer = self.loop.call_later(max(0.0, deadline - time.monotonic()) + 0.002, self._expire)
 
     def _expire(self) -> None:
         self.timer = None

@@ -552,3 +552,14 @@ async def test_one_worker_forwards_its_share_of_the_update_budget() -> None:
             with contextlib.suppress(ProcessLookupError, ChildProcessError):
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_forward_with_an_earlier_deadline_than_those_before_it_is_dropped_on_time() -> None:
+    """The table's timeout may change while forwards wait: the earliest deadline is the minimum, not the oldest."""
+    table = ForwardTable(limit=4, timeout=5.0)
+    first = table.begin(lambda out: None, 0.0)
+    table.timeout = 0.05
+    second = table.begin(lambda out: None, 0.0)
+    assert table.next_deadline() == 0.05
+    assert table.expire(0.1) == 1 and second not in table.pending and first in table.pending
+    assert table.next_deadline() == 5.0
