@@ -169,9 +169,12 @@ class ClusterObserver:
         self._next_probe = settings.ingress_interval
         self.listeners: list[Callable[[], None]] = []
         self._members = members
+        self.region_reports: dict[str, int] = {}   # region → HLC of the newest report of its copies held
         for entry in store.entries():
             if entry.key[0] == Kind.COPY.value and entry.value is not None:
                 self.reports[entry.version.writer] = max(self.reports.get(entry.version.writer, 0), entry.version.hlc)
+                region = str(entry.key[-1])
+                self.region_reports[region] = max(self.region_reports.get(region, 0), entry.version.hlc)
         store.subscribe(self._on_store_change)
         self._broadcast = broadcast
         self._member_name = member_name
@@ -190,14 +193,17 @@ class ClusterObserver:
         regions = self.store.regions
         return self.quorum.view(regions=[n for n, r in regions.items() if not r.witness], members=self._members(),
                                 fenced=self.store.fenced.keys(), observations=self.observations.values(),
-                                witnesses=[n for n, r in regions.items() if r.witness], reports=self.reports)
+                                witnesses=[n for n, r in regions.items() if r.witness], reports=self.reports,
+                                region_reports=self.region_reports)
 
     def _on_store_change(self, changes: list[Entry]) -> None:
         for entry in changes:
             if entry.key[0] == Kind.COPY.value and entry.value is not None:
-                writer = entry.version.writer
+                writer, region = entry.version.writer, str(entry.key[-1])
                 if entry.version.hlc > self.reports.get(writer, 0):
                     self.reports[writer] = entry.version.hlc
+                if entry.version.hlc > self.region_reports.get(region, 0):
+                    self.region_reports[region] = entry.version.hlc
         if changes and any(e.key[0] == Kind.COPY.value for e in changes):
             self._notify()   # a returning region's fresh reports may bring it back
 

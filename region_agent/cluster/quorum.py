@@ -121,6 +121,8 @@ class ClusterView:
     observations: tuple[Observation, ...] = ()
     witnesses: frozenset[str] = frozenset()  # registered witness regions: they vote, answers hold none of them
     reports: Mapping[str, int] = field(default_factory=dict)  # writer id → HLC of its newest copy report held
+    # region → HLC of the newest copy report of that region's copies held, whoever wrote it
+    region_reports: Mapping[str, int] = field(default_factory=dict)
 
 
 class Quorum:
@@ -135,9 +137,11 @@ class Quorum:
 
     def view(self, *, regions: Iterable[str], members: Iterable[MemberView], fenced: Iterable[str] = (),
              observations: Iterable[Observation] = (), witnesses: Iterable[str] = (),
-             reports: Mapping[str, int] | None = None) -> ClusterView:
+             reports: Mapping[str, int] | None = None,
+             region_reports: Mapping[str, int] | None = None) -> ClusterView:
         return ClusterView(self.local_region, frozenset(regions), tuple(members), self._clock(), self.max_age,
-                           frozenset(fenced), tuple(observations), frozenset(witnesses), reports or {})
+                           frozenset(fenced), tuple(observations), frozenset(witnesses), reports or {},
+                           region_reports or {})
 
 
 # --- membership ---------------------------------------------------------------------------
@@ -247,7 +251,12 @@ def _reported(view: ClusterView, member: MemberView) -> bool:
     if not said.isdigit():
         return False
     # Its reports count once this agent holds them: an announcement can overtake the entries it names.
-    return int(said) == 0 or view.reports.get(member.member.name, 0) >= int(said)
+    # A newer report of the same region by another writer counts too: two agents of a region write the
+    # same copy keys, and anti-entropy carries only the newest version, so the announced one may never
+    # arrive once its region's other agent has overwritten it.
+    wanted = int(said)
+    return (wanted == 0 or view.reports.get(member.member.name, 0) >= wanted
+            or view.region_reports.get(member.member.region, 0) >= wanted)
 
 
 def returning(view: ClusterView, region: str) -> bool:

@@ -275,3 +275,20 @@ def test_a_region_whose_agents_have_not_reported_since_they_started_is_out() -> 
     assert region_verdict(view(fresh, reports={f"{B}/node0": 5000}), B).status is Status.UP
     assert region_verdict(view(pending, unchanged), B).status is Status.UP   # one of its agents has reported
     assert region_verdict(view(()), B).status is Status.UP                   # an agent that does not say
+
+
+def test_an_announced_report_overwritten_by_its_regions_other_agent_still_counts() -> None:
+    """Two agents of a region write the same copy keys and anti-entropy carries only the newest version,
+    so node0's announced report may never arrive once node1 overwrote it: a newer report of the region
+    counts (seen in tests/e2e/test_graceful_restart.py: the region left when node1 stopped)."""
+    members = [_member(A, 0, State.ALIVE), _member(C, 0, State.ALIVE),
+               MemberView(Member(f"{B}/node0", B, "node0", Role.AGENT, Address("127.0.0.9", 7946),
+                                 (("copies", "5000"),)), State.ALIVE, 0.0)]
+
+    def view(region_reports: dict[str, int]) -> ClusterView:
+        return Quorum(local_region=A, max_age=MAX_AGE, clock=lambda: NOW).view(
+            regions=THREE, members=members, reports={f"{B}/node1": 6000}, region_reports=region_reports)
+
+    assert region_verdict(view({B: 6000}), B).status is Status.UP
+    assert region_verdict(view({B: 4000}), B).status is Status.OUT          # older than announced: not yet
+    assert region_verdict(view({C: 9000}), B).status is Status.OUT          # another region's reports: no
