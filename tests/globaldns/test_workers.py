@@ -16,7 +16,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import dns.message
@@ -77,6 +77,15 @@ def _ask_many(port: int, name: str, count: int) -> list[set[str] | None]:
 REGISTRY: dict[int, CollectorRegistry] = {}  # each service's registry, by id
 
 
+async def _stop(zone: ZoneService, pids: Iterable[int | None]) -> None:
+    """Stop the zone, then end by PID whatever worker it left (stop() ends them by PID too)."""
+    await zone.stop()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
 async def service() -> AsyncIterator[ZoneService]:
     registry = CollectorRegistry()
@@ -92,10 +101,7 @@ async def service() -> AsyncIterator[ZoneService]:
         yield zone
         pids.update(s.pid for s in zone.workers.slots if s.pid is not None)
     finally:
-        await zone.stop()
-        for pid in pids:  # whatever stop() left (it ends them by PID too)
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(pid, signal.SIGKILL)
+        await _stop(zone, pids)
 
 
 def _port(zone: ZoneService) -> int:
@@ -374,11 +380,7 @@ async def test_a_worker_answers_queries_while_its_forward_waits_for_the_main_pro
         print(f"a query to the worker whose UPDATE waited was answered in {waited * 1000:.1f} ms")
         assert answer[:2] == update[:2] and answer[2] & 0x80 and zone.workers.forwarded == 1
     finally:
-        await zone.stop()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+        await _stop(zone, pids)
 
 
 # --- a delta that does not apply: the worker asks for a snapshot -------------------------------------------
@@ -499,11 +501,7 @@ async def test_workers_answer_servfail_when_the_first_compile_fails_then_the_zon
         assert rcodes == [dns.rcode.NOERROR] * 20, rcodes
     finally:
         pids = [s.pid for s in zone.workers.slots]
-        await zone.stop()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+        await _stop(zone, pids)
 
 
 async def _reported_answers(workers: DnsWorkers, total: int) -> list[int]:
@@ -547,11 +545,7 @@ async def test_one_worker_forwards_its_share_of_the_update_budget() -> None:
         assert rcodes.count(dns.rcode.NOERROR) in (2, 3), rcodes   # 2, and 1 more if a second went by
         assert rcodes.count(dns.rcode.REFUSED) == 8 - rcodes.count(dns.rcode.NOERROR)
     finally:
-        await zone.stop()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+        await _stop(zone, pids)
 
 
 def test_a_forward_with_an_earlier_deadline_than_those_before_it_is_dropped_on_time() -> None:
