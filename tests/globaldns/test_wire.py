@@ -55,6 +55,26 @@ def _valid_queries() -> list[dns.message.QueryMessage]:
     return out
 
 
+def _mutated(data: st.DataObject, least: int, most: int, kinds: tuple[str, ...]) -> bytes:
+    """One of the valid queries with ``least``..``most`` edits: a flipped octet, a cut, an insert, or
+    (``case``) a letter's case flipped."""
+    queries = _valid_queries()
+    base = bytearray(queries[data.draw(st.integers(0, len(queries) - 1))].to_wire())
+    for _ in range(data.draw(st.integers(least, most))):
+        kind = data.draw(st.sampled_from(kinds))
+        position = data.draw(st.integers(0, len(base)))
+        if kind == "flip" and position < len(base):
+            base[position] ^= data.draw(st.integers(1, 255))
+        elif kind == "cut":
+            del base[position:]
+        elif kind == "case":
+            if position < len(base) and chr(base[position]).isalpha():
+                base[position] ^= 0x20
+        else:
+            base[position:position] = data.draw(st.binary(min_size=1, max_size=4))
+    return bytes(base)
+
+
 @pytest.mark.parametrize("query", _valid_queries())
 def test_parser_agrees_with_dnspython(query: dns.message.QueryMessage) -> None:
     parsed = parse_query(query.to_wire())
@@ -175,18 +195,7 @@ def test_fuzz_random_bytes_never_crash(data: bytes) -> None:
 @settings(max_examples=800, derandomize=True, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.data())
 def test_fuzz_mutated_queries_never_crash_and_accepted_ones_are_valid(data: st.DataObject) -> None:
-    queries = _valid_queries()
-    base = bytearray(queries[data.draw(st.integers(0, len(queries) - 1))].to_wire())
-    for _ in range(data.draw(st.integers(1, 4))):
-        kind = data.draw(st.sampled_from(["flip", "cut", "insert"]))
-        position = data.draw(st.integers(0, len(base)))
-        if kind == "flip" and position < len(base):
-            base[position] ^= data.draw(st.integers(1, 255))
-        elif kind == "cut":
-            del base[position:]
-        else:
-            base[position:position] = data.draw(st.binary(min_size=1, max_size=4))
-    wire = bytes(base)
+    wire = _mutated(data, 1, 4, ("flip", "cut", "insert"))
     try:
         parse_query(wire)
         accepted = True
@@ -330,20 +339,7 @@ _KNOWN = frozenset(name_from_text(n) for n in (f"shop.{ZONE}", ZONE, f"a-b.c.{ZO
 @given(st.data())
 def test_the_short_ways_parse_exactly_as_the_long_one(data: st.DataObject) -> None:
     """Known names (no label walk) and the OPT memo (no OPT parse) give what a cold, plain parse gives."""
-    queries = _valid_queries()
-    base = bytearray(queries[data.draw(st.integers(0, len(queries) - 1))].to_wire())
-    for _ in range(data.draw(st.integers(0, 3))):
-        position = data.draw(st.integers(0, len(base)))
-        kind = data.draw(st.sampled_from(["flip", "cut", "insert", "case"]))
-        if kind == "flip" and position < len(base):
-            base[position] ^= data.draw(st.integers(1, 255))
-        elif kind == "cut":
-            del base[position:]
-        elif kind == "case" and position < len(base) and chr(base[position]).isalpha():
-            base[position] ^= 0x20
-        else:
-            base[position:position] = data.draw(st.binary(min_size=1, max_size=4))
-    wire = bytes(base)
+    wire = _mutated(data, 0, 3, ("flip", "cut", "insert", "case"))
     wire_module._OPT_MEMO.clear()
     cold = _parsed(wire)
     assert _parsed(wire) == cold  # the OPT now memoised
