@@ -262,10 +262,13 @@ class Responder:
         answers = counters.answers
 
         def hit(data: bytes) -> bytes | None:
-            end = data.find(0, 12)
-            if end <= 0:
-                return None
-            key = data[2:end].lower() + data[end:]  # memo_key and the splice below, inlined: the hot path
+            key = data[2:]
+            if not key.islower():  # an upper-case octet (or no letter at all): fold the name's case
+                end = data.find(0, 12)
+                if end <= 0:
+                    return None
+                key = data[2:end].lower() + data[end:]  # memo_key and the splice below, inlined: the hot path
+            # else lower() would change no octet, so the bytes are their own memo key: no find, no fold
             entry = main_get(key) or promote(key)
             if entry is None:
                 return None

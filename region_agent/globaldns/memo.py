@@ -7,7 +7,9 @@ any other option) — is part of the key byte for byte, and two queries share an
 if they differ in the ID, the case of the name's letters and the AD bit, none of which
 changes the response but for the echoed question. That is finer than necessary (two
 resolvers advertising 1232 and 4096 keep two entries) and costs a ``find``, a ``lower`` and
-a concatenation, no parse. Each transport has its own memo (``ZoneTables.response_memo``,
+a concatenation, no parse — none of which a query without an upper-case octet needs: ``lower``
+would change nothing, so its bytes after the ID are already its key (``bytes.islower``, one
+scan; the UDP hitter takes that way). Each transport has its own memo (``ZoneTables.response_memo``,
 ``tcp_response_memo``).
 
 Why folding is exact for the queries :func:`memoisable` admits (one question, no answer or

@@ -66,10 +66,10 @@ def test_a_0x20_query_hits_the_memo_and_echoes_its_own_case() -> None:
     for qid in range(20):
         wire = _query(_random_case(f"shop.{ZONE}", rng), qid=qid)
         out = responder.respond(wire, "192.0.2.1", tcp=False)
-        assert out == plain.respond(wire, "192.0.2.1", tcp=False)
+        assert out == plain.respond(wire, "192.0.2.1", tcp=False) == _udp_answer(responder, wire, "192.0.2.1")
         question = parse_query(wire).question
         assert out is not None and out[12:12 + len(question)] == question  # the query's own case
-    assert responder.counters.memo_hits == hits + 20
+    assert responder.counters.memo_hits == hits + 2 * 20  # respond and the UDP listener's hitter alike
 
 
 VARIANTS: dict[str, dict[str, object]] = {
@@ -225,6 +225,46 @@ def test_memo_on_and_off_answer_byte_identically(queries: list[dict[str, object]
                           ecs=q["ecs"], flags=int(q["flags"]))  # type: ignore[arg-type,call-overload]
             tcp, source = bool(q["tcp"]), str(q["source"])
             assert responder.respond(wire, source, tcp=tcp) == plain.respond(wire, source, tcp=tcp)
+
+
+def _udp_answer(responder: Responder, wire: bytes, source: str) -> bytes | None:
+    """What the UDP listener sends: the batch's hitter first, the miss path when it declines."""
+    hit = responder.udp_hitter()
+    out = hit(wire) if hit is not None else None
+    return out if out is not None else responder.udp_miss(wire, source)
+
+
+# ECS addresses whose octets are the ASCII letters 'AB' and 'ab': a key that folded more than
+# the name would give the second the first's entry (and its echo)
+CASE_TWINS = [("65.66.0.0", 16), ("97.98.0.0", 16)]
+
+
+def test_ecs_octets_that_spell_letters_of_either_case_never_share_an_entry() -> None:
+    responder, plain, _ = _pair()
+    twins = [_query(f"shop.{ZONE}", ecs=ecs) for ecs in CASE_TWINS]
+    for _ in range(3):
+        for wire in twins + twins[::-1]:
+            assert _udp_answer(responder, wire, "192.0.2.1") == plain.respond(wire, "192.0.2.1", tcp=False)
+    assert responder.counters.memo_hits == 3 * 4 - 2  # each twin's first query misses, every later one hits
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(QUERY, min_size=1, max_size=12), st.integers(1, 4), st.sampled_from([None, *CASE_TWINS]))
+def test_the_udp_hitter_answers_byte_identically_to_rendering(queries: list[dict[str, object]], repeats: int,
+                                                               twin: tuple[str, int] | None) -> None:
+    responder, plain, _ = _pair(capacity=8)
+    for _ in range(repeats):
+        for q in queries:
+            if q["edns"] == -1 and q["ecs"] is not None:
+                continue
+            case = int(q["case"])  # type: ignore[call-overload]
+            name = str(q["name"]) if case % 3 == 0 else _random_case(str(q["name"]), random.Random(case))
+            wire = _query(name, str(q["qtype"]), qid=int(q["qid"]),  # type: ignore[call-overload]
+                          edns=int(q["edns"]), payload=int(q["payload"]), do=bool(q["do"]),  # type: ignore[call-overload]
+                          ecs=twin if twin is not None and q["edns"] != -1 else q["ecs"],  # type: ignore[arg-type]
+                          flags=int(q["flags"]))  # type: ignore[call-overload]
+            source = str(q["source"])
+            assert _udp_answer(responder, wire, source) == plain.respond(wire, source, tcp=False)
 
 
 def _reference_render(query: Query, reply: Reply, *, max_size: int, our_payload: int) -> bytes:
