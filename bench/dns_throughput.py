@@ -40,6 +40,14 @@ Load: ``dnsperf -c 10 -l <duration>`` (``-q 100`` outstanding, one send and one 
 at full rate, then at a fixed ``-Q 1000`` with ``-v``, whose per-query latencies (µs resolution)
 give the percentiles.
 
+**Interleaved.** This VM's cores slow down for seconds at a time (the same in-process timing
+of the NXDOMAIN path took 1.1 µs and then 2.0 µs per parse one second later, all figures
+×1.7): two servers measured one after the other can land on different sides of such an
+episode. So the max-rate runs of one round and shape are cut into ``--slices`` (4) dnsperf runs
+of ``duration / slices`` seconds, run by turns in ABBA order (A B C D, D C B A, ...), and each
+run's figures are the sums over its slices (queries, CPU; latency pooled). The fixed-rate runs
+are not sliced.
+
 For every run: queries/s, lost, rcodes, dnsperf's latency avg/min/max/stddev, percentiles
 (fixed rate), the server's CPU (seconds, % of one core, µs per query), dnsperf's CPU, the rest
 of the machine's load during the run (``/proc/stat`` busy minus everything this bench started;
@@ -207,6 +215,43 @@ class Run:
     server_core_other: float | None = None  # of which not the server under test (idle servers, foreign work)
     stray: int = 0  # server threads found off the server's core after the run (pinned runs; should be 0)
 
+    slices: int = 0  # dnsperf runs summed into this one (see ``absorb``)
+
+    def absorb(self, part: Run) -> None:
+        """Add one slice's figures: counts and CPU summed, latency pooled, shares weighted by time."""
+        n0, n1 = self.completed, part.completed
+        n = n0 + n1
+        if n:
+            mean = (self.avg_ms * n0 + part.avg_ms * n1) / n
+            square = (n0 * (self.sd_ms ** 2 + self.avg_ms ** 2) + n1 * (part.sd_ms ** 2 + part.avg_ms ** 2)) / n
+            self.avg_ms, self.sd_ms = mean, max(0.0, square - mean ** 2) ** 0.5
+        seconds = (n0 / self.qps if self.qps else 0.0) + (n1 / part.qps if part.qps else 0.0)  # dnsperf's run time
+        self.qps = n / seconds if seconds else 0.0
+        self.min_ms = min(self.min_ms, part.min_ms) if self.slices else part.min_ms
+        self.max_ms = max(self.max_ms, part.max_ms)
+        wall = self.wall + part.wall
+
+        def weighted(mine: float | None, theirs: float | None) -> float | None:
+            if theirs is None or wall <= 0:
+                return mine
+            return theirs if mine is None or not self.slices else (mine * self.wall + theirs * part.wall) / wall
+        self.background = weighted(self.background, part.background) or 0.0
+        self.server_core_busy = weighted(self.server_core_busy, part.server_core_busy)
+        self.server_core_other = weighted(self.server_core_other, part.server_core_other)
+        self.rcodes = merge_rcodes(self.rcodes, part.rcodes)
+        self.sent += part.sent
+        self.completed = n
+        self.lost += part.lost
+        self.server_cpu += part.server_cpu
+        self.dnsperf_cpu += part.dnsperf_cpu
+        self.wall = wall
+        self.memo_hits = (None if part.memo_hits is None or (self.slices and self.memo_hits is None)
+                          else (self.memo_hits or 0) + part.memo_hits)
+        self.dnsperf_exit = self.dnsperf_exit or part.dnsperf_exit
+        self.stray = max(self.stray, part.stray)
+        self.pct = part.pct or self.pct  # only fixed-rate runs have percentiles, and they are never sliced
+        self.slices += 1
+
     @property
     def us_per_query(self) -> float:
         return 1e6 * self.server_cpu / self.completed if self.completed else 0.0
@@ -225,8 +270,18 @@ class Run:
             "shape": self.shape, "kind": self.kind,
             "server_core_busy_percent": None if self.server_core_busy is None else round(self.server_core_busy, 1),
             "server_core_other_percent": None if self.server_core_other is None else round(self.server_core_other, 1),
-            "stray_threads": self.stray,
+            "stray_threads": self.stray, "slices": self.slices,
         }
+
+
+def merge_rcodes(first: str, second: str) -> str:
+    """Two of dnsperf's 'Response codes:' lines as one: counts summed per code."""
+    counts: dict[str, int] = {}
+    for text in (first, second):
+        for code, count in re.findall(r"([A-Z]+) (\d+)", text):
+            counts[code] = counts.get(code, 0) + int(count)
+    total = sum(counts.values())
+    return ", ".join(f"{code} {count} ({100 * count / total:.2f}%)" for code, count in counts.items()) if total else ""
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -261,9 +316,12 @@ def parse_dnsperf(text: str, run: Run) -> None:
             run.pct["n"] = len(latencies)
 
 
-def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path, server_cpu: int | None) -> None:
+def execute(whole: Run, duration: float, clients: int, ours: list[int], tmp: Path, server_cpu: int | None) -> None:
+    """One dnsperf run of ``duration`` seconds against ``whole``'s server, its figures added to ``whole``."""
+    run = Run(whole.label, whole.server, whole.qfile, whole.extra, whole.fixed_qps, whole.round, whole.shape,
+              whole.kind)
     argv = ["dnsperf", "-s", "127.0.0.1", "-p", str(run.server.port), "-d", str(run.qfile), "-c", str(clients),
-            "-l", str(duration), *run.extra]
+            "-l", f"{duration:g}", *run.extra]
     if run.fixed_qps:
         argv += ["-Q", str(run.fixed_qps), "-v"]
     hits0 = memo_hits(run.server) if run.server.name.startswith("agent") else None
@@ -289,12 +347,13 @@ def execute(run: Run, duration: int, clients: int, ours: list[int], tmp: Path, s
         run.server_core_busy = 100.0 * (core1[0] - core0[0]) / span
         run.server_core_other = max(0.0, run.server_core_busy - 100.0 * run.server_cpu / span)
         run.stray = len(stray_threads(run.server.pid, server_cpu))
-    (tmp / f"dnsperf-{run.round}-{run.label}{'-fixed' if run.fixed_qps else ''}.txt").write_text(
+    (tmp / f"dnsperf-{run.round}-{run.label}{'-fixed' if run.fixed_qps else ''}-{whole.slices}.txt").write_text(
         " ".join(argv) + "\n" + out.stdout + out.stderr, encoding="utf-8")
     parse_dnsperf(out.stdout, run)
     run.dnsperf_exit = out.returncode
     if out.returncode != 0 or not run.completed:
         print(f"    !! dnsperf exit {out.returncode}: {(out.stderr or out.stdout)[-400:]}", flush=True)
+    whole.absorb(run)
 
 
 def show(run: Run, duration: int) -> None:
@@ -323,6 +382,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=10, help="dnsperf -c")
     parser.add_argument("--fixed-qps", type=int, default=1000, help="dnsperf -Q of the latency runs")
     parser.add_argument("--rounds", type=int, default=1, help="times to repeat the max-rate block")
+    parser.add_argument("--slices", type=int, default=4,
+                        help="slices each max-rate run is cut into, interleaved with the other runs of its shape")
     parser.add_argument("--no-yes", action="store_true", help="skip PowerDNS enable-lua-records=yes")
     parser.add_argument("--keep-tmp", action="store_true", help="keep configs, logs and raw dnsperf output")
     parser.add_argument("--server-cpu", type=int, default=1, help="core every server under test is pinned to")
@@ -330,10 +391,10 @@ def main() -> int:
     parser.add_argument("--no-pin", action="store_true", help="do not pin (servers and dnsperf share all cores)")
     add_arguments(parser)
     args = parser.parse_args()
-    if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 10:
-        parser.error("--duration 1..120 and --rounds 1..10")
+    if not 1 <= args.duration <= 120 or not 1 <= args.rounds <= 10 or not 1 <= args.slices <= args.duration:
+        parser.error("--duration 1..120, --rounds 1..10 and --slices 1..duration")
     if args.smoke:  # every server and every run, a second each, tiny files: it works, it measures nothing
-        args.duration, args.rounds, args.fixed_qps, args.no_yes = 1, 1, 200, False
+        args.duration, args.rounds, args.fixed_qps, args.no_yes, args.slices = 1, 1, 200, False, 2
     need_tools("pdns_server", "dnsperf", "dig")
     variants = SMOKE_VARIANTS if args.smoke else VARIANTS
     cores = os.sched_getaffinity(0)
@@ -441,13 +502,18 @@ def measure(procs: Procs, tmp: Path, args: argparse.Namespace, variants: int, re
     if pdns_yes is not None:
         fixed.append(Run("pdns-lua-yes", pdns_yes, qha, fixed_qps=q))
     plan += fixed[2:4] if args.smoke else fixed  # smoke: the fixed-rate path once per agent mode is enough
-    print(f"\n{len(plan)} dnsperf runs of {args.duration} s, -c {args.clients} (default -q 100):", flush=True)
+    print(f"\n{len(plan)} runs of {args.duration} s, -c {args.clients} (default -q 100); the max-rate runs of one "
+          f"shape and round interleaved in {args.slices} slices:", flush=True)
     runs = []
-    for run in plan:
-        execute(run, args.duration, args.clients, ours, tmp, server_cpu)
-        runs.append(run)
-        show(run, args.duration)
-        results.add(f"run {run.label}{' fixed' if run.fixed_qps else ''} r{run.round}", **run.record())
+    for block in interleaved_blocks(plan):
+        slices = args.slices if block[0].shape and not block[0].fixed_qps else 1
+        for k in range(slices):
+            for run in block if k % 2 == 0 else block[::-1]:
+                execute(run, args.duration / slices, args.clients, ours, tmp, server_cpu)
+        for run in block:
+            runs.append(run)
+            show(run, args.duration)
+            results.add(f"run {run.label}{' fixed' if run.fixed_qps else ''} r{run.round}", **run.record())
     for server in servers:
         answer = dig(server.port, HA_NAME)
         print(f"after the runs: {server.name} answers {answer!r}")
@@ -455,6 +521,20 @@ def measure(procs: Procs, tmp: Path, args: argparse.Namespace, variants: int, re
             print(f"!! {server.name} exited: {server.log.read_text()[-1000:]}")
             raise RuntimeError(f"{server.name} exited during the bench")
     return runs
+
+
+def interleaved_blocks(plan: list[Run]) -> list[list[Run]]:
+    """The plan cut into blocks run side by side: consecutive max-rate runs of one round and shape
+    (those whose µs per query are compared); every other run is a block of its own."""
+    blocks: list[list[Run]] = []
+    for run in plan:
+        last = blocks[-1][0] if blocks else None
+        if (last is not None and run.shape and not run.fixed_qps and not last.fixed_qps
+                and (last.round, last.shape) == (run.round, run.shape)):
+            blocks[-1].append(run)
+        else:
+            blocks.append([run])
+    return blocks
 
 
 def check_smoke(runs: list[Run]) -> None:

@@ -123,6 +123,8 @@ def _dns_throughput(lines: Lines) -> None:
         _number(line["qps"])
         _number(line["us_per_query"])
         assert line["stray_threads"] == 0, f"{line['label']}: server threads off the server's core"
+    sliced = {line["label"] for line in runs if line["slices"] > 1}
+    assert {"pdns-static", "agent", "agent-nomemo", "pdns-random", "agent-random"} <= sliced  # interleaved
     ratios = [line for line in lines if line["name"].startswith("ratio ")]
     assert ratios and all(line["metric"] == "us_per_query" for line in ratios)
     assert {line["shape"] for line in ratios} == {"plain", "0x20", "0x20-ecs", "random"}
