@@ -229,8 +229,9 @@ def parse_query(data: bytes, known: Container[bytes] = ()) -> Query:
     qend = data.find(0, 12) + 1
     qname_lower = data[12:qend].lower() if qend else b""
     if qname_lower not in known:
-        qname_lower = b""
-        qend = _walk_name(data, qid, flags)
+        found, qend = qend, _walk_name(data, qid, flags)
+        if qend != found:  # a zero octet inside a label: the name goes on past it
+            qname_lower = b""
     offset = qend + 4
     if offset > size:
         raise _answerable(data, "truncated question", FORMERR, qid, flags)

@@ -356,6 +356,12 @@ def test_a_known_name_keeps_the_case_it_was_sent_in() -> None:
     assert query.qname_lower == name_from_text(f"shop.{ZONE}")
 
 
+def test_a_zero_octet_inside_a_label_does_not_end_the_name() -> None:
+    name = b"\x03A\x00B" + name_from_text(f"shop.{ZONE}")  # the first zero octet is inside the label 'A\0B'
+    query = parse_query(_header() + name + b"\x00\x01\x00\x01", _KNOWN)
+    assert (query.qname, query.qname_lower) == (name, name.lower())
+
+
 def test_the_opt_memo_is_bounded_and_keeps_only_short_records() -> None:
     wire_module._OPT_MEMO.clear()
     for i in range(wire_module.OPT_MEMO_ENTRIES + 10):
