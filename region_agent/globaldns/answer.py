@@ -12,6 +12,7 @@ rate limiter for UDP (``region_agent.globaldns.rrl``).
 from __future__ import annotations
 
 import ipaddress
+import mmap
 import struct
 import time
 from collections.abc import Callable
@@ -243,9 +244,14 @@ class Responder:
             self.counters.observe(time.perf_counter() - started)
         return out
 
-    def udp_hitter(self) -> Callable[[bytes], bytes | None] | None:
-        """For one batch of UDP datagrams: a function answering a query from the memo, or returning
-        None (then :meth:`udp_miss` answers it); None when no query can be a hit now.
+    def udp_hitter(self) -> Callable[[mmap.mmap, int, int], int] | None:
+        """For one batch of UDP datagrams: a function answering a query from the memo in place, or
+        declining (then :meth:`udp_miss` answers it); None when no query can be a hit now.
+
+        ``hit(buffer, start, length)`` reads the query at ``buffer[start:start + length]``; on a hit
+        it overwrites the query with the response and returns the response's size, else it returns 0
+        and leaves the bytes alone. In place, because a hit's response is the query's own ID and
+        question with the entry's header and tail around them: two writes, no join and no copy.
 
         What ``respond`` does for a memo hit, minus what a UDP listener knows it need not: no rate
         limiter (with one, every query goes through ``udp_miss``), no source address (only the
@@ -261,21 +267,25 @@ class Responder:
         counters = self.counters
         answers = counters.answers
 
-        def hit(data: bytes) -> bytes | None:
-            key = data[2:]
+        def hit(buffer: mmap.mmap, start: int, length: int) -> int:
+            key = buffer[start + 2:start + length]  # the query after its ID
             if not key.islower():  # an upper-case octet (or no letter at all): fold the name's case
-                end = data.find(0, 12)
-                if end <= 0:
-                    return None
-                key = data[2:end].lower() + data[end:]  # memo_key and the splice below, inlined: the hot path
+                end = key.find(0, 10)  # the name's zero octet (the name starts at offset 10 of the key)
+                if end < 0:
+                    return 0
+                key = key[:end].lower() + key[end:]  # memo_key, inlined: the hot path
             # else lower() would change no octet, so the bytes are their own memo key: no find, no fold
             entry = main_get(key) or promote(key)
             if entry is None:
-                return None
+                return 0
             entry.hot = True
             counters.memo_hits += 1
             answers[entry.counted] += 1
-            return b"".join((data[:2], entry.head, data[12:entry.qend], entry.tail))
+            buffer[start + 2:start + 12] = entry.head  # the ID stays, and the question (its case) after the header
+            qend, tail = entry.qend, entry.tail
+            size = qend + len(tail)  # a key that matched is as long as the entry's query, which holds the question
+            buffer[start + qend:start + size] = tail
+            return size
 
         return hit
 

@@ -23,7 +23,8 @@ folded part early, which makes the key more specific, never less.
 **Value.** An :class:`Entry` holds the response without ID and question: the ten header bytes
 after the ID and the bytes after the question. A hit splices the query's own ID and question
 (its case, for 0x20 resolvers) in between — ``query[:2] + head + query[12:qend] + tail`` — so
-the response is byte-identical to rendering.
+the response is byte-identical to rendering. The UDP listener's hitter writes ``head`` and ``tail``
+over the query in its receive buffer instead: the same bytes, without a join or a copy.
 
 **Eviction.** Two pools. A new entry waits in ``probation`` (FIFO, a quarter of the size); a
 second query for it before it falls out promotes it to ``main``, where a hit only sets a bit.

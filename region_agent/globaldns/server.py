@@ -154,20 +154,22 @@ _SIZE_T = struct.Struct("@N")   # an iovec length: size_t, native order (was 4 b
 
 
 class _Mmsg:
-    """``UDP_BATCH`` slots for recvmmsg and as many for sendmmsg, each with its own address and
-    a ``_SLOT``-byte buffer (anonymous memory: only the pages a datagram touches are ever used).
+    """``UDP_BATCH`` slots for recvmmsg and as many for sendmmsg, slot ``i`` of both sharing one
+    address and one ``_SLOT``-byte buffer (anonymous memory: only the pages a datagram touches are
+    ever used).
 
     Receive slot ``i`` keeps its address, iovec and length for good (the kernel writes back the
-    same address length a socket of one family always has), so a call sets nothing; a send slot
-    shares its receive slot's address and gets the bytes of one response copied in, and its
-    iovec's length.
+    same address length a socket of one family always has), so a call sets nothing. A query's
+    response goes where the query was (a memo hit is written over it in place, a miss copied in),
+    and send slot ``i`` sends buffer ``i`` to address ``i``: only its iovec's length is set. When an
+    earlier datagram of the batch got no answer, a response and its address move down a slot.
     """
 
     def __init__(self, family: int) -> None:
         n = UDP_BATCH
         self.namelen = 16 if family == socket.AF_INET else 28  # sockaddr_in, sockaddr_in6
         self.family = family
-        self.buffers = mmap.mmap(-1, 2 * n * _SLOT)
+        self.buffers = mmap.mmap(-1, n * _SLOT)
         self.data = memoryview(self.buffers)
         base = ctypes.addressof(ctypes.c_char.from_buffer(self.buffers))
         self.names = ctypes.create_string_buffer(n * self.namelen)
@@ -177,14 +179,13 @@ class _Mmsg:
         self.recv = (_Mmsghdr * n)()
         self.send = (_Mmsghdr * n)()
         for i in range(2 * n):
-            self.iovecs[i].base, self.iovecs[i].len = base + i * _SLOT, _SLOT
             msgs, k = (self.recv, i) if i < n else (self.send, i - n)
+            # Send slot k sends buffer k to receive slot k's address: the same bytes, nothing to
+            # copy unless an earlier datagram of the batch got no answer (then both move down).
+            self.iovecs[i].base, self.iovecs[i].len = base + k * _SLOT, _SLOT
             hdr = msgs[k].hdr
-            # Send slot k answers to receive slot k's address: the same bytes, nothing to copy
-            # unless an earlier datagram of the batch got no answer (then the address moves down).
             hdr.name, hdr.namelen = names + k * self.namelen, self.namelen
             hdr.iov, hdr.iovlen = ctypes.addressof(self.iovecs[i]), 1
-        self.send_data = n * _SLOT  # where the send slots' bytes and iovecs start
         # msg_len of every receive slot, in one list: a strided view of the headers as uint32
         self.lengths = memoryview(self.recv).cast("B").cast("I")[_LEN_AT // 4::_HDR // 4]
         # iov_len of every send slot's iovec, as size_t items: a strided view (one store per answer)
@@ -244,9 +245,9 @@ class AnswerErrors:
 ANSWER_ERRORS = AnswerErrors()  # one per process: the log is
 
 
-def _no_hit(data: bytes) -> None:
-    """The hitter while no query can be a memo hit (``Responder.udp_hitter``)."""
-    return None
+def _no_hit(buffer: mmap.mmap, start: int, length: int) -> int:
+    """The hitter while no query can be a memo hit (``Responder.udp_hitter``): it declines."""
+    return 0
 
 
 class UdpListener:
@@ -260,6 +261,7 @@ class UdpListener:
         self.loop = asyncio.get_running_loop()
         self.fd = sock.fileno()
         self.mmsg = _Mmsg(sock.family) if _MMSG is not None else None
+        self.buffer = mmap.mmap(-1, _SLOT) if self.mmsg is None else None  # recvfrom's, answered in place
         self.loop.add_reader(self.fd, self._readable if self.mmsg is None else self._readable_batched)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -282,9 +284,9 @@ class UdpListener:
     def _answer_batch(self, count: int) -> int:
         """Answer receive slots ``0..count-1`` into the send slots; how many answers are there to send.
 
-        Per datagram: its bytes (one slice of the mapped buffers), the memo (``udp_hitter``), and only
-        on a miss the whole answer path (``udp_miss``), which converts the sender's address to text
-        only if it reads it (``answer.Source``).
+        Per datagram: the memo, in place (``udp_hitter``), and only on a miss its bytes (one slice
+        of the mapped buffers) and the whole answer path (``udp_miss``), which converts the sender's
+        address to text only if it reads it (``answer.Source``).
         """
         mmsg = self.mmsg
         assert mmsg is not None
@@ -292,27 +294,27 @@ class UdpListener:
         hit = self.responder.udp_hitter() or _no_hit
         miss, source, later = self.miss, self.answering_source, self.later
         buffers, names, namelen, send_lengths = mmsg.buffers, mmsg.names_view, mmsg.namelen, mmsg.send_lengths
-        at = mmsg.send_data
         sending = start = 0
         for i, length in enumerate(mmsg.lengths[:count].tolist()):
-            data = buffers[start:start + length]
+            at = start
             start += _SLOT
             try:
-                out = hit(data)
-                if out is None:
+                size = hit(buffers, at, length)
+                if not size:
                     self.answering = i
-                    out = miss(data, source, later)
+                    out = miss(buffers[at:at + length], source, later)
+                    if out is None:
+                        continue
+                    size = len(out)  # at most 65,535 bytes: UDP's bound, within a slot
+                    buffers[at:at + size] = out  # where the query was: it is read
             except Exception:  # a bug must cost one query, never the listener
                 ANSWER_ERRORS.failed(self.responder.counters, "UDP")
                 continue
-            if out is None:
-                continue
-            size = len(out)
-            buffers[at:at + size] = out  # at most 65,535 bytes: UDP's bound, within a slot
-            if sending != i:  # an earlier one got no answer: this address moves down to its send slot
+            if sending != i:  # an earlier one got no answer: this answer and its address move down a slot
+                down = sending * _SLOT
+                buffers[down:down + size] = buffers[at:at + size]
                 names[sending * namelen:(sending + 1) * namelen] = names[i * namelen:(i + 1) * namelen]
             send_lengths[sending] = size
-            at += _SLOT
             sending += 1
         self.responder.counters.observe((time.perf_counter() - started) / count)  # one sample per batch: its mean
         return sending
@@ -340,13 +342,16 @@ class UdpListener:
 
     def _readable(self) -> None:
         """Without recvmmsg: recvfrom until EAGAIN (at most ``UDP_BATCH``), one sendto per answer."""
-        recvfrom = self.sock.recvfrom
+        recvfrom_into = self.sock.recvfrom_into
         sendto = self.sock.sendto
         hit = self.responder.udp_hitter() or _no_hit
         miss, later = self.miss, self.later
+        buffer = self.buffer
+        assert buffer is not None
+        view = memoryview(buffer)
         for _ in range(UDP_BATCH):
             try:
-                data, addr = recvfrom(UDP_MAX_QUERY)
+                length, addr = recvfrom_into(buffer, UDP_MAX_QUERY)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:  # an error queued on the socket: reported once, then reading goes on
@@ -354,10 +359,12 @@ class UdpListener:
                 continue
             started = time.perf_counter()
             try:
-                out = hit(data)
-                if out is None:
+                size = hit(buffer, 0, length)
+                if size:
+                    out: bytes | memoryview | None = view[:size]
+                else:
                     self.answering = addr
-                    out = miss(data, addr[0], later)
+                    out = miss(buffer[:length], addr[0], later)
             except Exception:  # a bug must cost one query, never the listener
                 ANSWER_ERRORS.failed(self.responder.counters, "UDP")
                 continue

@@ -5,6 +5,7 @@ responses byte-identical to rendering every query afresh."""
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import random
 import struct
 
@@ -228,10 +229,18 @@ def test_memo_on_and_off_answer_byte_identically(queries: list[dict[str, object]
 
 
 def _udp_answer(responder: Responder, wire: bytes, source: str) -> bytes | None:
-    """What the UDP listener sends: the batch's hitter first, the miss path when it declines."""
+    """What the UDP listener sends: the batch's hitter first (in place, in a slot of a mapped
+    buffer as the listener's), the miss path when it declines."""
     hit = responder.udp_hitter()
-    out = hit(wire) if hit is not None else None
-    return out if out is not None else responder.udp_miss(wire, source)
+    if hit is not None:
+        buffer = mmap.mmap(-1, 2 * 65536)
+        at = 65536  # not the first slot: offsets count from the slot's start
+        buffer[at:at + len(wire)] = wire
+        size = hit(buffer, at, len(wire))
+        if size:
+            return buffer[at:at + size]
+        assert buffer[at:at + len(wire)] == wire  # declining leaves the query as it was
+    return responder.udp_miss(wire, source)
 
 
 # ECS addresses whose octets are the ASCII letters 'AB' and 'ab': a key that folded more than

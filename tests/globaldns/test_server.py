@@ -16,7 +16,7 @@ import dns.rrset
 import pytest
 
 from region_agent.globaldns import server as server_module
-from region_agent.globaldns.answer import Responder
+from region_agent.globaldns.answer import Responder, ResponderLimits
 from region_agent.globaldns.compiler import ZoneConfig, compile_zone
 from region_agent.globaldns.metrics import DnsCounters
 from region_agent.globaldns.server import BindError, DnsServer, TcpLimits
@@ -258,6 +258,37 @@ async def test_both_udp_readers_answer_hits_misses_and_garbage_alike(either_read
     formerr = await asyncio.to_thread(_raw_udp, port, b"\x12\x34" + bytes(10) + b"\xc0")  # a question cut short
     assert formerr[:2] == b"\x12\x34" and formerr[3] & 0x0F == dns.rcode.FORMERR
     assert sum(counters.latency_counts) >= 1  # the batches were timed
+
+
+async def test_a_burst_read_in_one_batch_answers_each_query_as_rendering_does(either_reader: DnsServer) -> None:
+    """Hits are answered in place and misses copied in; datagrams that get no answer (responses)
+    in between move the later answers and their addresses down a slot."""
+    port = _port(either_reader)
+    for _ in range(2):  # the second query promotes the entry out of probation: later ones are hits
+        await ask(port, f"shop.{ZONE}")
+    reference = Responder(either_reader.responder.holder, DnsCounters(), ResponderLimits(memo_entries=0))  # renders
+    response = make_query(f"shop.{ZONE}").to_wire()
+    response = response[:2] + bytes((response[2] | 0x80,)) + response[3:]  # QR set: never answered
+    burst = [response]
+    for qid, name in enumerate((f"shop.{ZONE}", f"SHOP.{ZONE}", f"nothing.{ZONE}", f"shop.{ZONE}", f"ShOp.{ZONE}")):
+        query = make_query(name)
+        query.id = qid + 1
+        burst += [query.to_wire(), response]
+    burst.append(b"\x00\x63" + bytes(10) + b"\xc0")  # a question cut short: FORMERR
+    expected = {wire[:2]: reference.respond(wire, "127.0.0.1", tcp=False) for wire in burst}
+    expected = {qid: out for qid, out in expected.items() if out is not None}
+    hits = either_reader.responder.counters.memo_hits
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        for wire in burst:  # all sent before the loop runs the listener: one read of the socket gets them
+            sock.sendto(wire, ("127.0.0.1", port))
+        loop = asyncio.get_running_loop()
+        answers: dict[bytes, bytes] = {}
+        while len(answers) < len(expected):
+            out = await asyncio.wait_for(loop.sock_recv(sock, 4096), 2.0)
+            answers[out[:2]] = out
+    assert answers == expected
+    assert either_reader.responder.counters.memo_hits == hits + 4
 
 
 def _raw_udp(port: int, data: bytes) -> bytes:
