@@ -133,6 +133,12 @@ def _dns_throughput(lines: Lines) -> None:
     assert any(line["name"].startswith("ratio ") for line in lines)
 
 
+def _dns_hot_path(lines: Lines) -> None:
+    shapes = {line["shape"]: line for line in lines if line["name"].startswith("shape ")}
+    assert set(shapes) == {"hit", "hit-0x20", "hit-0x20-ecs", "miss-0x20", "nxdomain"}
+    assert all(_number(line["us_per_datagram"]) > 0 for line in shapes.values())
+
+
 def _loop_stall(lines: Lines) -> None:
     for name in ("reload", "recompile"):
         (line,) = _results(lines, name)
@@ -173,6 +179,7 @@ CHECKS: dict[str, Callable[[Lines], None]] = {
     "probe_count": _probe_count,
     "gossip_cluster": _gossip_cluster,
     "dns_throughput": _dns_throughput,
+    "dns_hot_path": _dns_hot_path,
     "loop_stall": _loop_stall,
     "health_listener": _health_listener,
     "failover": _failover,
