@@ -109,20 +109,36 @@ class GossipCollector(Collector):
 
 
 def _stream_families(counters: StreamCounters | None) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-    """The stream listener's bounds at work: refusals and closes by reason, what it holds now."""
+    """The stream listener's bounds at work: refusals and closes by reason, what it holds now; and the bounds
+    of this agent's own streams: sends dropped by reason, what they hold now."""
     refused = CounterMetricFamily("region_agent_gossip_stream_refused",
                                   "Gossip TCP connections or frames refused by the listener's bounds, by reason",
                                   labels=["reason"])
     closed = CounterMetricFamily("region_agent_gossip_stream_closed",
                                  "Gossip TCP connections the listener closed before their frame was whole, by reason",
                                  labels=["reason"])
+    send_dropped = CounterMetricFamily("region_agent_gossip_stream_send_dropped",
+                                       "This agent's gossip TCP messages dropped unsent by its bounds, by reason",
+                                       labels=["reason"])
     if counters is not None:
         for reason in sorted(counters.refused):
             refused.add_metric([reason], counters.refused[reason])
         for reason in sorted(counters.closed):
             closed.add_metric([reason], counters.closed[reason])
+        for reason in sorted(counters.send_dropped):
+            send_dropped.add_metric([reason], counters.send_dropped[reason])
     yield refused
     yield closed
+    yield send_dropped
+    yield GaugeMetricFamily("region_agent_gossip_stream_send_pending",
+                            "This agent's gossip TCP messages waiting for a turn or in flight now",
+                            value=0 if counters is None else counters.send_pending)
+    yield GaugeMetricFamily("region_agent_gossip_stream_send_waiting",
+                            "This agent's gossip TCP messages waiting for a turn now (part of send_pending)",
+                            value=0 if counters is None else counters.send_waiting)
+    yield GaugeMetricFamily("region_agent_gossip_stream_send_pending_bytes",
+                            "Sealed bytes of this agent's gossip TCP messages waiting or in flight now",
+                            value=0 if counters is None else counters.send_pending_bytes)
     yield GaugeMetricFamily("region_agent_gossip_streams_open", "Incoming gossip TCP connections open now",
                             value=0 if counters is None else counters.open)
     yield GaugeMetricFamily("region_agent_gossip_stream_buffered_bytes",

@@ -26,8 +26,14 @@ refused; a frame's length is read first, and a frame over the stream bound, or o
 what is left of ``buffer_bytes`` (all connections) and ``source_buffer_bytes`` (its source), is refused
 before any of it is read; a connection with no byte for ``idle_timeout``, or whose frame is not whole
 ``timeout`` after the handshake, is closed. Reads go in 64 KiB pieces, so nothing is buffered beyond
-the frame's reservation. This agent's own streams to one peer go at most ``OUTGOING_PER_PEER`` at a time,
-well under any peer's ``max_per_source``. Counted in :class:`StreamCounters`.
+the frame's reservation. Counted in :class:`StreamCounters`.
+
+What this agent's own streams may hold is bounded too (:class:`SendLimits`): at most ``per_peer`` (4) in
+flight to one peer, well under any peer's ``max_per_source``, and ``queued_per_peer`` (4) more waiting for
+a turn, the oldest waiting giving way to a newcomer; ``pending_bytes`` (64 MiB) of sealed messages waiting
+or in flight in all, beyond which a new one is dropped at once. A send waits at most ``turn_timeout`` for
+its turn, then has ``timeout`` of its own to connect, shake hands and write its frame, or is cut (aborted:
+a peer that stopped reading holds nothing). Each drop is counted in ``StreamCounters.send_dropped``.
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ import socket
 import ssl
 import struct
 import time
-from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -69,7 +75,13 @@ def tls_failure(exc: BaseException) -> str:
 FRAME_SLACK = 512  # a frame may pass max_stream by the sender header and the seal
 READ_CHUNK = 64 * 1024  # one read of a frame: what a connection holds beyond its reservation
 OUTGOING_PER_PEER = 4  # this agent's streams in flight to one peer; below every max_per_source
+# And waiting for a turn: a healthy peer has a push-pull (or a reply) and a sync step outstanding at most;
+# beyond that it reads too slowly, and a longer queue would only hold older state.
+OUTGOING_QUEUED_PER_PEER = 4
 MiB = 1024 * 1024
+# Sealed bytes of this agent's own streams, waiting or in flight, all peers together: eight largest
+# messages (MAX_STREAM), what one stalled peer can hold at most; as much as the listener buffers.
+OUTGOING_PENDING_BYTES = 64 * MiB
 
 
 @dataclass(frozen=True)
@@ -91,9 +103,22 @@ class StreamLimits:
                    buffer_bytes=settings.stream_buffer_bytes, source_buffer_bytes=settings.stream_source_buffer_bytes)
 
 
+@dataclass(frozen=True)
+class SendLimits:
+    """What this agent's own streams may hold while they wait for a turn and go out (not settings: they
+    follow from the protocol, a few messages to a peer at a time)."""
+
+    per_peer: int = OUTGOING_PER_PEER
+    queued_per_peer: int = OUTGOING_QUEUED_PER_PEER
+    pending_bytes: int = OUTGOING_PENDING_BYTES
+    turn_timeout: float = STREAM_TIMEOUT  # waiting for one of the peer's turns
+    timeout: float = STREAM_TIMEOUT       # then connect, TLS handshake, write and close
+
+
 @dataclass
 class StreamCounters:
-    """The listener's refusals and closes by reason, and what it holds now (read at scrape time)."""
+    """The listener's refusals and closes by reason, and what it holds now; this agent's own sends dropped
+    by reason, and what they hold now (read at scrape time)."""
 
     refused: Counter[str] = field(default_factory=Counter)  # source_limit, buffer
     closed: Counter[str] = field(default_factory=Counter)   # evicted, idle, timeout
@@ -101,6 +126,37 @@ class StreamCounters:
     open: int = 0
     buffered: int = 0       # bytes reserved for frames being read now
     peak_buffered: int = 0  # the most ever reserved at once (tests and benches read it)
+    send_dropped: Counter[str] = field(default_factory=Counter)  # peer_queue, pending_bytes, turn_timeout, timeout
+    send_pending: int = 0        # own sends waiting for a turn or in flight
+    send_waiting: int = 0        # of which waiting for a turn
+    send_pending_bytes: int = 0  # their sealed bytes
+    peak_send_pending: int = 0        # the most ever at once (tests read them)
+    peak_send_pending_bytes: int = 0
+
+
+class _Waiting:
+    """A sealed message waiting for one of its peer's turns, and the timer that drops it."""
+
+    __slots__ = ("sealed", "timer")
+
+    def __init__(self, sealed: bytes) -> None:
+        self.sealed = sealed
+        self.timer: asyncio.TimerHandle | None = None
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+class _Outgoing:
+    """One peer's sends: how many are in flight (a task each), and those waiting, oldest first (no task)."""
+
+    __slots__ = ("in_flight", "waiting")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.waiting: deque[_Waiting] = deque()
 
 
 class _IdleError(Exception):
@@ -208,13 +264,15 @@ class StreamTransport:
     :meth:`send_stream`, each message naming ``addr`` as its sender."""
 
     def __init__(self, addr: Address, keyring: Keyring, stats: GossipStats, *, max_stream: int = MAX_STREAM,
-                 tls: GossipTls | None = None, limits: StreamLimits | None = None) -> None:
+                 tls: GossipTls | None = None, limits: StreamLimits | None = None,
+                 send_limits: SendLimits | None = None) -> None:
         self.addr = addr
         self.keyring = keyring
         self.stats = stats
         self.max_stream = max_stream
         self.tls = tls
         self.limits = limits or StreamLimits()
+        self.send_limits = send_limits or SendLimits()
         self.counters = StreamCounters()
         self._tls_logged: dict[str, float] = {}
         self._receiver: StreamReceiver | None = None
@@ -224,7 +282,8 @@ class StreamTransport:
         self._inbound: OrderedDict[_Inbound, None] = OrderedDict()
         self._per_source: Counter[str] = Counter()
         self._source_buffered: Counter[str] = Counter()
-        self._outgoing: dict[Address, tuple[asyncio.Semaphore, list[int]]] = {}
+        self._outgoing: dict[Address, _Outgoing] = {}
+        self._closed = False
 
     async def listen(self, host: str, port: int) -> None:
         """Accept streams on ``host:port``; raises ``OSError`` when the port is taken."""
@@ -234,9 +293,13 @@ class StreamTransport:
         self._receiver = receiver
 
     async def close(self) -> None:
+        self._closed = True
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        for peer in self._outgoing.values():
+            while peer.waiting:
+                self._unqueue(peer.waiting.popleft())
         tasks = [*self._tasks, *(c.task for c in self._inbound if c.task is not None)]
         for task in tasks:
             task.cancel()
@@ -245,31 +308,91 @@ class StreamTransport:
                 await task
 
     def send_stream(self, addr: Address, data: bytes) -> None:
+        """Send ``data`` to ``addr`` in the background, or drop it (counted) when :class:`SendLimits` say so."""
         host = self.addr.host.encode()
         sealed = self.keyring.encrypt(bytes([len(host)]) + host + struct.pack(">H", self.addr.port) + data)
         if len(sealed) > self.max_stream + FRAME_SLACK:
             raise PacketTooLargeError(f"{len(sealed)} byte stream message over {self.max_stream}")
+        if self._closed:
+            return
+        limits, counters = self.send_limits, self.counters
+        peer = self._outgoing.get(addr)
+        oldest: _Waiting | None = None
+        if peer is not None and peer.in_flight >= limits.per_peer and len(peer.waiting) >= limits.queued_per_peer:
+            # The peer's queue is full: its oldest waiting message gives way. A newer push-pull carries this
+            # agent's newer state (it supersedes the old one), a newer sync step belongs to a round the peer
+            # still waits for; the oldest is also the nearest to its turn_timeout.
+            if not peer.waiting:
+                counters.send_dropped["peer_queue"] += 1
+                return
+            oldest = peer.waiting[0]
+        held = counters.send_pending_bytes - (0 if oldest is None else len(oldest.sealed))
+        if held and held + len(sealed) > limits.pending_bytes:  # (one message alone always goes)
+            counters.send_dropped["pending_bytes"] += 1
+            return
+        if oldest is not None and peer is not None:
+            peer.waiting.popleft()
+            self._unqueue(oldest)
+            counters.send_dropped["peer_queue"] += 1
+        if peer is None:
+            peer = self._outgoing[addr] = _Outgoing()
+        counters.send_pending += 1
+        counters.send_pending_bytes += len(sealed)
+        counters.peak_send_pending = max(counters.peak_send_pending, counters.send_pending)
+        counters.peak_send_pending_bytes = max(counters.peak_send_pending_bytes, counters.send_pending_bytes)
+        if peer.in_flight < limits.per_peer:
+            self._start(addr, peer, sealed)
+            return
+        waiting = _Waiting(sealed)
+        waiting.timer = asyncio.get_running_loop().call_later(limits.turn_timeout, self._turn_expired,
+                                                              addr, peer, waiting)
+        peer.waiting.append(waiting)
+        counters.send_waiting += 1
+
+    def _start(self, addr: Address, peer: _Outgoing, sealed: bytes) -> None:
+        peer.in_flight += 1
         task = asyncio.get_running_loop().create_task(self._send_stream(addr, sealed), name=f"gossip-stream-{addr}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._sent, addr, peer, len(sealed)))
 
-    @contextlib.asynccontextmanager
-    async def _turn(self, addr: Address) -> AsyncIterator[None]:
-        """At most OUTGOING_PER_PEER streams to ``addr`` at once: a burst stays under its per-source cap."""
-        semaphore, users = self._outgoing.setdefault(addr, (asyncio.Semaphore(OUTGOING_PER_PEER), [0]))
-        users[0] += 1
-        try:
-            async with semaphore:
-                yield
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._outgoing[addr]
+    def _sent(self, addr: Address, peer: _Outgoing, size: int, task: asyncio.Task[None]) -> None:
+        """A send in flight ended (delivered, failed or cut): the peer's next waiting one takes its turn."""
+        self._tasks.discard(task)
+        peer.in_flight -= 1
+        self.counters.send_pending -= 1
+        self.counters.send_pending_bytes -= size
+        while peer.waiting and peer.in_flight < self.send_limits.per_peer and not self._closed:
+            waiting = peer.waiting.popleft()
+            waiting.cancel()
+            self.counters.send_waiting -= 1  # still pending, in flight now
+            self._start(addr, peer, waiting.sealed)
+        self._forget_peer(addr, peer)
+
+    def _turn_expired(self, addr: Address, peer: _Outgoing, waiting: _Waiting) -> None:
+        """No turn within turn_timeout: dropped, so a message is never sent long after it was meant to be."""
+        peer.waiting.remove(waiting)
+        self._unqueue(waiting)
+        self.counters.send_dropped["turn_timeout"] += 1
+        self._forget_peer(addr, peer)
+
+    def _unqueue(self, waiting: _Waiting) -> None:
+        """``waiting``, already out of its peer's queue, is dropped: it holds nothing any more."""
+        waiting.cancel()
+        self.counters.send_waiting -= 1
+        self.counters.send_pending -= 1
+        self.counters.send_pending_bytes -= len(waiting.sealed)
+
+    def _forget_peer(self, addr: Address, peer: _Outgoing) -> None:
+        if not peer.in_flight and not peer.waiting and self._outgoing.get(addr) is peer:
+            del self._outgoing[addr]
 
     async def _send_stream(self, addr: Address, sealed: bytes) -> None:
         writer: asyncio.StreamWriter | None = None
+        done = False
         try:
-            async with asyncio.timeout(STREAM_TIMEOUT), self._turn(addr):
+            # The whole of it within the budget, the close too: a peer that stops reading would otherwise
+            # keep the connection (and the frame in its buffer) waiting for a flush forever.
+            async with asyncio.timeout(self.send_limits.timeout):
                 if self.tls is None:
                     _, writer = await asyncio.open_connection(addr.host, addr.port)
                 else:
@@ -282,16 +405,23 @@ class StreamTransport:
                         return
                 writer.write(struct.pack(">I", len(sealed)) + sealed)
                 await writer.drain()
-        except ssl.SSLError as exc:  # the peer's certificate failed here, or ours there
-            self._tls_failed(addr.host, exc)
-        except (OSError, TimeoutError) as exc:
-            # The peer is unreachable: the probes decide what that means, not the stream.
-            logger.debug("gossip stream to %s failed: %s", addr, exc)
-        finally:
-            if writer is not None:
                 writer.close()
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
+                done = True
+        except ssl.SSLError as exc:  # the peer's certificate failed here, or ours there
+            self._tls_failed(addr.host, exc)
+        except TimeoutError as exc:
+            # Not connected, or not written, within the budget: black-holed or stalled (the probes decide
+            # what that means for the member); the message is dropped.
+            self.counters.send_dropped["timeout"] += 1
+            logger.debug("gossip stream to %s timed out: %s", addr, exc)
+        except OSError as exc:
+            # The peer is unreachable: the probes decide what that means, not the stream.
+            logger.debug("gossip stream to %s failed: %s", addr, exc)
+        finally:
+            if writer is not None and not done:
+                writer.transport.abort()  # nothing to flush: what was not written is dropped
 
     def _peer_accepted(self, host: str, der: bytes | None) -> bool:
         """The TLS peer's certificate passed the handshake (it chains to the CA); is it also an identity
@@ -475,8 +605,8 @@ class GossipTransport:
 
     @classmethod
     async def start(cls, host: str, port: int, keyring: Keyring, stats: GossipStats, *, advertised: str | None = None,
-                    tls: GossipTls | None = None, max_packet: int = MAX_PACKET,
-                    max_stream: int = MAX_STREAM, limits: StreamLimits | None = None) -> GossipTransport:
+                    tls: GossipTls | None = None, max_packet: int = MAX_PACKET, max_stream: int = MAX_STREAM,
+                    limits: StreamLimits | None = None, send_limits: SendLimits | None = None) -> GossipTransport:
         """Listen for UDP and TCP on ``host:port``; port 0 picks one that is free for both.
 
         ``advertised`` (default ``host``) is the host peers reach this agent at, which each stream
@@ -488,7 +618,7 @@ class GossipTransport:
             udp_sock.bind((host, port))
             chosen = udp_sock.getsockname()[1]
             streams = StreamTransport(Address(advertised or host, chosen), keyring, stats, max_stream=max_stream,
-                                      tls=tls, limits=limits)
+                                      tls=tls, limits=limits, send_limits=send_limits)
             try:
                 await streams.listen(host, chosen)
             except OSError:

@@ -21,10 +21,13 @@ from region_agent.gossip.keyring import Keyring
 from region_agent.gossip.messages import Address
 from region_agent.gossip.stats import GossipStats
 from region_agent.gossip.tls import GossipTls, TlsConfigError
-from region_agent.gossip.transport import GossipTransport
+from region_agent.gossip.transport import GossipTransport, SendLimits
 from tests.conftest import wait_for
 
 KEY = b"k" * 32
+# Many streams at once to one peer: room for all of them in its send queue, so none is dropped (the
+# queue's bound itself is tested in test_transport_sends.py).
+BURST = SendLimits(queued_per_peer=100)
 
 
 class Recorder:
@@ -72,8 +75,10 @@ def other_pki(tmp_path: Path) -> Pki:
 async def start() -> AsyncIterator[Start]:
     started: list[GossipTransport] = []
 
-    async def start_one(host: str, tls: GossipTls | None) -> tuple[GossipTransport, Recorder]:
-        transport = await GossipTransport.start(host, 0, Keyring(KEY), GossipStats(), tls=tls)
+    async def start_one(host: str, tls: GossipTls | None,
+                        send_limits: SendLimits | None = None) -> tuple[GossipTransport, Recorder]:
+        transport = await GossipTransport.start(host, 0, Keyring(KEY), GossipStats(), tls=tls,
+                                                send_limits=send_limits)
         recorder = Recorder()
         transport.attach(recorder)
         started.append(transport)
@@ -131,14 +136,15 @@ async def test_stream_delivered_under_mutual_tls(start: Start, pki: Pki) -> None
 
 
 async def test_stream_delivered_many_times(start: Start, pki: Pki) -> None:
-    a, got_a = await start("127.0.0.2", pki.tls("a", "127.0.0.2"))
-    b, got_b = await start("127.0.0.3", pki.tls("b", "127.0.0.3"))
+    a, got_a = await start("127.0.0.2", pki.tls("a", "127.0.0.2"), BURST)
+    b, got_b = await start("127.0.0.3", pki.tls("b", "127.0.0.3"), BURST)
     for i in range(30):
         a.send_stream(b.addr, b"a%d" % i)
         b.send_stream(a.addr, b"b%d" % i)
     await wait_for(lambda: len(got_a.streams) == len(got_b.streams) == 30, timeout=10, message="all 60 streams")
     assert sorted(d for d, _ in got_b.streams) == sorted(b"a%d" % i for i in range(30))
     assert a.stats.rejected["tls"] == b.stats.rejected["tls"] == 0
+    assert not a.streams.counters.send_dropped and not b.streams.counters.send_dropped
 
 
 async def test_certificate_of_another_ca_rejected_both_ways(start: Start, pki: Pki, other_pki: Pki) -> None:
@@ -219,8 +225,10 @@ def test_on_both_event_loops(loop: str, pki: Pki, other_pki: Pki) -> None:
     """The agent runs on uvloop: delivery and every rejection there too, with many streams at once."""
     async def scenario() -> None:
         keyring = Keyring(KEY)
-        a = await GossipTransport.start("127.0.0.2", 0, keyring, GossipStats(), tls=pki.tls("a", "127.0.0.2"))
-        b = await GossipTransport.start("127.0.0.3", 0, keyring, GossipStats(), tls=pki.tls("b", "127.0.0.3"))
+        a = await GossipTransport.start("127.0.0.2", 0, keyring, GossipStats(), tls=pki.tls("a", "127.0.0.2"),
+                                        send_limits=BURST)
+        b = await GossipTransport.start("127.0.0.3", 0, keyring, GossipStats(), tls=pki.tls("b", "127.0.0.3"),
+                                        send_limits=BURST)
         c = await GossipTransport.start("127.0.0.4", 0, keyring, GossipStats(), tls=other_pki.tls("c", "127.0.0.4"))
         plain = await GossipTransport.start("127.0.0.5", 0, keyring, GossipStats())
         got_a, got_b = Recorder(), Recorder()
@@ -237,6 +245,7 @@ def test_on_both_event_loops(loop: str, pki: Pki, other_pki: Pki) -> None:
             await send_raw(a.addr, frame(plain, b"no cert"), client_context(pki.root / "ca" / CA_CERT_FILE))
             await wait_for(lambda: a.stats.rejected["tls"] == 3, timeout=10, message="three rejections")
             assert len(got_a.streams) == 100 and b.stats.rejected["tls"] == 0
+            assert not a.streams.counters.send_dropped and not b.streams.counters.send_dropped
         finally:
             for transport in (a, b, c, plain):
                 await transport.close()
