@@ -82,6 +82,15 @@ class Agent:
                                             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                             env={**env_without_drain(), **self.env})
 
+    def describe(self, lines: int = 12) -> str:
+        """Whether the process runs (or how it ended) and its last log lines but request logs: for a
+        failure message, so a flaky wait says what each agent was doing."""
+        state = "not started" if self.process is None else (
+            "running" if self.process.poll() is None else f"exited {self.process.returncode}")
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        kept = [line[:300] for line in text.splitlines() if '"msg": "GET ' not in line and '"msg": "POST ' not in line]
+        return "\n".join([f"agent{self.index} ({self.region}): {state}", *kept[-lines:]])
+
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)

@@ -237,7 +237,10 @@ async def test_a_project_created_through_the_control_api_is_answered_by_all(tmp_
     try:
         for agent in c.agents:
             agent.start()
-        await wait_for(lambda: _all_ready(c.agents), timeout=30, message="ready")
+        try:
+            await wait_for(lambda: _all_ready(c.agents), timeout=30, message="ready")
+        except AssertionError as error:  # it failed once in ~20 runs: say what each agent was doing
+            raise AssertionError(f"{error}\n" + "\n".join(a.describe() for a in c.agents)) from None
         await wait_for(lambda: _members_alive(first, 3), timeout=15, message="three members")
         base = f"http://{first.host}:{first.operator_port}/v1"
         headers = {"Authorization": "Bearer s3cret-token"}
