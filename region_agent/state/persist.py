@@ -262,6 +262,7 @@ class StoreSnapshotFile:
     async def run(self) -> None:
         """Save at most every ``interval`` while the store changes, and once more when stopped; also when the
         last fresh round on disk trails the one in memory by more than :data:`FRESH_SAVE_LAG_SECONDS`."""
+        saving: asyncio.Future[None] | None = None
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
@@ -269,7 +270,13 @@ class StoreSnapshotFile:
                 if not self._dirty.is_set() and not self._fresh_moved():
                     continue
                 await asyncio.sleep(self.interval)
-                await self.save()
+                # Shielded: a stop in the middle must not cut a save that has already taken the store's
+                # changes off the dirty flag (the last save below would then skip them).
+                saving = asyncio.ensure_future(self.save())
+                await asyncio.shield(saving)
+                saving = None
         finally:
+            if saving is not None:
+                await asyncio.shield(saving)   # it ends first: one writer of the file at a time
             if self._dirty.is_set() or self._fresh_moved():
                 await asyncio.shield(self.save())

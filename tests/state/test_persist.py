@@ -56,6 +56,33 @@ async def test_a_saved_store_loads_back_equal_tombstones_included(tmp_path: Path
     assert restored.copies[("shop", "sfo1")].healthy is False
 
 
+async def test_a_stop_in_the_middle_of_a_save_still_leaves_the_changes_on_disk(tmp_path: Path) -> None:
+    """The save clears the dirty flag before it encodes and writes (in threads): a stop (the task
+    cancelled) right then must neither cut that save nor skip the last one. Before, the cancel cut
+    it and the last save saw nothing dirty: the agent stopped without its snapshot."""
+    store = _store()
+    path = tmp_path / "state.jsonl"
+    snapshot = StoreSnapshotFile(path, store, CollectorRegistry(), interval=0.0)
+    task = asyncio.create_task(snapshot.run())
+    stops: list[bool] = []
+
+    def fresh() -> float | None:
+        """Read by the save just before it clears the dirty flag: the stop comes then, once."""
+        if not stops:
+            stops.append(task.cancel())
+        return None
+
+    snapshot.fresh = fresh
+    await asyncio.sleep(0)   # waiting for a change
+    store.put(copy_key("shop", "sfo1"), CopyHealth(True))
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert stops == [True]
+    restored = _store()
+    assert await StoreSnapshotFile(path, restored, CollectorRegistry()).load() == 1
+    assert restored.copies[("shop", "sfo1")].healthy
+
+
 async def test_a_missing_file_starts_empty_and_a_corrupt_one_is_moved_aside(tmp_path: Path) -> None:
     path = tmp_path / "state.jsonl"
     store = _store()
